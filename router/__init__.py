@@ -1,0 +1,1 @@
+"""router: thin gRPC server (see DESIGN.md); lands with the serving issue."""

@@ -1,0 +1,1 @@
+"""Pure algorithms of speculative decoding (torch only): sampling, draft trees, verification, KV commit."""

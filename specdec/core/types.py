@@ -1,0 +1,92 @@
+"""Plain data shared by every layer: sampling parameters and generation results."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from specdec.errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens. temperature 0 is greedy; top_k 0 and top_p 1 disable those filters."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    max_new_tokens: int = 128
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.temperature, (int, float)) or math.isnan(self.temperature) or self.temperature < 0:
+            raise InvalidArgument(f"temperature must be >= 0, got {self.temperature}")
+        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+            raise InvalidArgument(f"top_p must be in (0, 1], got {self.top_p}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise InvalidArgument(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
+            raise InvalidArgument(f"max_new_tokens must be > 0, got {self.max_new_tokens}")
+        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
+            raise InvalidArgument(f"seed must be a non-negative integer, got {self.seed}")
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise InvalidArgument("stop strings must be non-empty strings")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    """Speculative statistics of one generation. tau = tokens emitted per target forward."""
+
+    num_new_tokens: int
+    num_target_forwards: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    elapsed_s: float
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    prefill_s: float = 0.0
+
+    @property
+    def tau(self) -> float:
+        return self.num_new_tokens / self.num_target_forwards if self.num_target_forwards else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_new_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "num_new_tokens": self.num_new_tokens,
+            "num_target_forwards": self.num_target_forwards,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "tau": self.tau,
+            "acceptance_rate": self.acceptance_rate,
+            "elapsed_s": self.elapsed_s,
+            "tokens_per_s": self.tokens_per_s,
+            "draft_s": self.draft_s,
+            "verify_s": self.verify_s,
+            "prefill_s": self.prefill_s,
+        }
+
+
+@dataclass(frozen=True)
+class GenerationOutput:
+    """What `Engine.generate` returns: ids exclude the prompt; finish_reason is eos, stop or length."""
+
+    token_ids: list[int]
+    text: str
+    stats: GenerationStats
+    finish_reason: str
+    prompt_token_ids: list[int] = field(default_factory=list)

@@ -1,0 +1,40 @@
+"""Independent drafters behind one interface, and the factory the engine and CLI use."""
+from __future__ import annotations
+
+from specdec.errors import InvalidArgument
+
+DRAFTERS = ("none", "ngram", "draft")
+
+# Options each drafter accepts through Engine.from_pretrained(**drafter_options).
+DRAFTER_OPTIONS = {
+    "none": set(),
+    "ngram": {"max_ngram", "min_ngram", "num_branches"},
+    "draft": {"tree_width"},
+}
+
+
+def build_drafter(name: str, target, draft_path, options: dict, dtype):
+    """A Drafter for `name` (None for plain decoding). target: the LoadedModel being served."""
+    if name not in DRAFTERS:
+        raise InvalidArgument(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
+    unknown = set(options) - DRAFTER_OPTIONS[name]
+    if unknown:
+        valid = ", ".join(sorted(DRAFTER_OPTIONS[name])) or "none"
+        raise InvalidArgument(f"drafter {name!r} takes no option {', '.join(sorted(unknown))} (valid: {valid})")
+    if draft_path is not None and name != "draft":
+        raise InvalidArgument(f"a draft model path was given but drafter is {name!r}; use drafter='draft'")
+    if name == "none":
+        return None
+    if name == "ngram":
+        from specdec.drafters.ngram import NgramConfig, NgramDrafter
+
+        return NgramDrafter(NgramConfig(**options))
+    from specdec.drafters.draft_model import DraftModelConfig, DraftModelDrafter
+    from specdec.models.loader import load_model, random_draft_path
+    from specdec.models.runner import ModelRunner
+
+    draft = load_model(draft_path if draft_path is not None else random_draft_path(target), dtype)
+    if draft.model.config.vocab_size != target.model.config.vocab_size:
+        raise InvalidArgument(f"draft vocabulary ({draft.model.config.vocab_size}) differs from the target's "
+                              f"({target.model.config.vocab_size}); the draft must share the target's tokenizer")
+    return DraftModelDrafter(ModelRunner(draft.model), DraftModelConfig(**options))

@@ -1,0 +1,175 @@
+"""The in-process speculative engine: the reference every distributed path must match.
+
+One step reads as prose:
+    tree   = session.propose(context, k)                 # drafter guesses (maybe nothing)
+    logits = target.forward([root] + tree.tokens)        # one forward, tree attention
+    result = verify(tree, logits)                        # accepted path + one recovered/bonus token
+    kv.keep_rows(cache, root + accepted path)            # commit; the sequence version goes up
+Plain decoding is the same loop with an empty tree, so the baseline shares every line but drafting.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+from specdec.adaptive import AdaptiveConfig, SpeculationController
+from specdec.core import kv
+from specdec.core.sampling import make_generator, warp
+from specdec.core.tree import DraftTree, tree_layout
+from specdec.core.types import GenerationOutput, GenerationStats, SamplingParams
+from specdec.core.verify import verify_greedy, verify_sampling
+from specdec.drafters import build_drafter
+from specdec.errors import InvalidArgument
+from specdec.models.loader import LoadedModel, load_model, pick_dtype
+from specdec.models.runner import ModelRunner
+from specdec.textstream import TextStream
+
+Prompt = str | list[int] | list[dict]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    num_speculative_tokens: int = 8  # the most draft tokens (tree depth) per step
+    adaptive: bool = True  # follow acceptance and cost (see adaptive.py); False = always the maximum
+    max_tree_nodes: int = 64
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.num_speculative_tokens <= self.max_tree_nodes:
+            raise InvalidArgument(f"num_speculative_tokens must be in [1, {self.max_tree_nodes}], "
+                                  f"got {self.num_speculative_tokens}")
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """One verify step's output; the last event of a generation carries the whole `output`."""
+
+    text: str
+    token_ids: list[int]
+    output: GenerationOutput | None = None
+
+
+class Engine:
+    def __init__(self, target: LoadedModel, drafter=None, config: EngineConfig = EngineConfig()):
+        self.target = target
+        self.tokenizer = target.tokenizer
+        self.runner = ModelRunner(target.model)
+        self.drafter = drafter
+        self.config = config
+        self.max_len = getattr(target.model.config, "max_position_embeddings", None) or 1 << 30
+        self.eos_ids = self._eos_ids()
+
+    @classmethod
+    def from_pretrained(cls, target: str | None = None, drafter: str = "none", draft: str | None = None,
+                        *, dtype: str = "auto", num_speculative_tokens: int = 8, adaptive: bool = True,
+                        **drafter_options) -> Engine:
+        """target None = the embedded SmolLM2-135M-Instruct; drafter none | ngram | draft."""
+        config = EngineConfig(num_speculative_tokens=num_speculative_tokens, adaptive=adaptive)
+        torch_dtype = pick_dtype(dtype)
+        loaded = load_model(target, torch_dtype)
+        return cls(loaded, build_drafter(drafter, loaded, draft, drafter_options, torch_dtype), config)
+
+    def _eos_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        for source in (getattr(self.target.model, "generation_config", None), self.tokenizer):
+            value = getattr(source, "eos_token_id", None)
+            ids.update([value] if isinstance(value, int) else (value or []))
+        return frozenset(ids)
+
+    def encode(self, prompt: Prompt, chat: bool = False) -> list[int]:
+        """Token ids for a string, a list of ids, or chat messages ([{"role", "content"}])."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidArgument("prompt is empty")
+            if self.tokenizer is None:
+                raise InvalidArgument("this model has no tokenizer: pass the prompt as a list of token ids")
+            if chat:
+                prompt = [{"role": "user", "content": prompt}]
+            else:
+                return self.tokenizer.encode(prompt)
+        if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
+            if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+                raise InvalidArgument("chat messages need a tokenizer with a chat template")
+            text = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        if not isinstance(prompt, (list, tuple)) or not prompt:
+            raise InvalidArgument("prompt is empty" if isinstance(prompt, (list, tuple)) else
+                                  f"prompt must be a string, token ids or chat messages, not {type(prompt).__name__}")
+        vocab_size = self.runner.vocab_size
+        for token in prompt:
+            if not isinstance(token, int) or not 0 <= token < vocab_size:
+                raise InvalidArgument(f"prompt token id {token!r} is outside the vocabulary [0, {vocab_size})")
+        return list(prompt)
+
+    def generate(self, prompt: Prompt, params: SamplingParams | None = None, chat: bool = False) -> GenerationOutput:
+        for event in self.stream(prompt, params, chat):
+            if event.output is not None:
+                return event.output
+        raise AssertionError("stream ended without an output")
+
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None, chat: bool = False
+               ) -> Iterator[StreamEvent]:
+        params = params or SamplingParams()
+        prompt_ids = self.encode(prompt, chat)
+        if len(prompt_ids) + params.max_new_tokens > self.max_len:
+            raise InvalidArgument(f"prompt ({len(prompt_ids)} tokens) plus max_new_tokens ({params.max_new_tokens}) "
+                                  f"exceeds the model's context of {self.max_len} tokens")
+        if params.stop and self.tokenizer is None:
+            raise InvalidArgument("stop strings need a model with a tokenizer")
+        generator = None if params.greedy else make_generator(params.seed)
+        session = self.drafter.new_session() if self.drafter is not None else None
+        controller = SpeculationController(AdaptiveConfig(self.config.num_speculative_tokens, self.config.adaptive))
+        text = TextStream(self.tokenizer, params.stop)
+        cache = self.runner.new_cache()
+        start = time.perf_counter()
+        if len(prompt_ids) > 1:  # the cache holds every committed token but the last (the next root)
+            self.runner.forward(prompt_ids[:-1], cache, want_logits=False)
+        prefill_s = time.perf_counter() - start
+        context = list(prompt_ids)
+        num_forwards = num_drafted = num_accepted = 0
+        draft_s = verify_s = 0.0
+        finish_reason = None
+        while finish_reason is None:
+            remaining = params.max_new_tokens - len(text.token_ids)
+            k = controller.num_tokens() if session is not None else 0
+            k = min(k, remaining - 1, self.max_len - len(context) - 1)  # never draft past the end
+            t0 = time.perf_counter()
+            tree = session.propose(context, k, params, generator) if k > 0 else DraftTree.empty()
+            t1 = time.perf_counter()
+            layout = tree_layout(tree.parent_ids)
+            num_cached = kv.num_cached(cache)
+            logits, _ = self.runner.forward([context[-1], *tree.token_ids], cache, layout)  # [rows, vocab]
+            if params.greedy:
+                result = verify_greedy(tree, layout, logits.argmax(dim=-1).tolist())
+            else:
+                result = verify_sampling(tree, layout, warp(logits, params), generator)
+            kv.keep_rows(cache, num_cached, [0, *result.accepted_rows])
+            t2 = time.perf_counter()
+            depth = max(layout.depths)
+            controller.record(depth, min(result.num_accepted, depth), t2 - t0)
+            num_forwards += 1
+            num_drafted += tree.num_nodes
+            num_accepted += result.num_accepted
+            draft_s += t1 - t0
+            verify_s += t2 - t1
+            emitted = list(result.token_ids[:remaining])
+            eos_at = next((i for i, t in enumerate(emitted) if t in self.eos_ids and not params.ignore_eos), None)
+            if eos_at is not None:
+                emitted = emitted[:eos_at + 1]
+                finish_reason = "eos"
+            num_before = len(text.token_ids)
+            delta = text.push(emitted)
+            emitted = text.token_ids[num_before:]  # a stop string may cut the step short
+            if text.stopped:
+                finish_reason = "stop"
+            elif finish_reason is None and len(text.token_ids) >= params.max_new_tokens:
+                finish_reason = "length"
+            context.extend(emitted)
+            if finish_reason is None:
+                yield StreamEvent(delta, emitted)
+        elapsed = time.perf_counter() - start
+        stats = GenerationStats(len(text.token_ids), num_forwards, num_drafted, num_accepted, elapsed,
+                                draft_s, verify_s, prefill_s)
+        delta += text.flush()
+        output = GenerationOutput(list(text.token_ids), text.text, stats, finish_reason, prompt_ids)
+        yield StreamEvent(delta, emitted, output)

@@ -1,0 +1,98 @@
+"""Load a causal LM (and its tokenizer, when it has one) from a local checkpoint directory."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specdec.errors import InvalidArgument, ModelNotFound
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever fetched from a hub at run time
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object | None  # None for a checkpoint without tokenizer files: prompts are token ids
+    path: Path
+
+
+def pick_dtype(name: str) -> torch.dtype:
+    """'auto' is float32 unless the CPU has native bf16 matmuls (AVX512-BF16 / AMX) or a GPU is used.
+
+    Without them bf16 matmuls are emulated and a 16-token verify costs ~7x a 1-token forward,
+    which erases the headroom speculation lives on.
+    """
+    if name != "auto":
+        if name not in DTYPES:
+            raise InvalidArgument(f"dtype must be auto, {', '.join(DTYPES)}; got {name!r}")
+        return DTYPES[name]
+    if torch.cuda.is_available():
+        return torch.bfloat16
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        flags = ""
+    return torch.bfloat16 if ("avx512_bf16" in flags or "amx_bf16" in flags) else torch.float32
+
+
+def resolve_path(path: str | os.PathLike | None) -> Path:
+    """None means the embedded default target; anything else must be a checkpoint directory."""
+    if path is None:
+        from specdec.models.embedded import embedded_target_path
+
+        return embedded_target_path()
+    resolved = Path(path).expanduser()
+    if not resolved.is_dir():
+        raise ModelNotFound(f"model path {str(path)!r} does not exist or is not a directory")
+    if not (resolved / "config.json").is_file():
+        raise ModelNotFound(f"model path {str(path)!r} has no config.json (not a Hugging Face checkpoint)")
+    return resolved
+
+
+def load_model(path: str | os.PathLike | None, dtype: torch.dtype) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    resolved = resolve_path(path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            resolved, dtype=dtype, local_files_only=True, attn_implementation="sdpa")
+    except (OSError, ValueError) as exc:
+        raise ModelNotFound(f"cannot load a causal LM from {str(resolved)!r}: {str(exc).splitlines()[0]}") from exc
+    model.eval().requires_grad_(False)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(resolved, local_files_only=True)
+    except (OSError, ValueError, TypeError):
+        tokenizer = None
+    return LoadedModel(model, tokenizer, resolved)
+
+
+def random_draft_path(target: LoadedModel, seed: int = 0) -> Path:
+    """A tiny random Llama sharing the target's vocabulary: a stand-in until a trained draft exists.
+
+    It exercises the whole draft-model path (its own KV cache, rollback, trees) at near-zero
+    acceptance, which is also what the adaptive controller must survive.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specdec.models.embedded import cache_dir
+
+    vocab_size = target.model.config.vocab_size
+    out = cache_dir() / f"random-draft-v{vocab_size}-s{seed}"
+    if (out / "config.json").is_file():
+        return out
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
+                         tie_word_embeddings=True)
+    LlamaForCausalLM(config).save_pretrained(out)
+    if target.tokenizer is not None:
+        target.tokenizer.save_pretrained(out)
+    return out

@@ -1,0 +1,62 @@
+"""Drives a Hugging Face causal LM one forward at a time over a KV cache (never `generate()`).
+
+One call = one forward over a few new tokens: a prefill, a plain decode step, a draft step, or a
+tree verify step (explicit 4D mask and position ids on the sdpa path). Returns logits and the last
+hidden states (what Medusa / EAGLE heads read).
+"""
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from specdec.core.tree import TreeLayout, attention_bias, position_ids
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.config = model.config
+        self.vocab_size = model.config.vocab_size
+        self.dtype = next(model.parameters()).dtype
+        self.decoder = getattr(model, model.base_model_prefix)
+        head = model.get_output_embeddings()
+        plain_head = isinstance(head, torch.nn.Linear) and head.bias is None and not any(
+            getattr(model.config, name, None) for name in ("final_logit_softcapping", "logit_scale"))
+        self.head = head
+        self.head_weight = head.weight if plain_head else None  # [vocab, hidden]
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.config)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: list[int], cache: DynamicCache, layout: TreeLayout | None = None,
+                attn_bias: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+                want_logits: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Append len(input_ids) entries to cache; return (logits [n, vocab] float32 | None, hidden [n, hidden]).
+
+        layout: a draft tree's layout for input = [root] + nodes at the cache's end (None or a chain:
+        plain causal attention). attn_bias / positions: an explicit mask [1, 1, n, cached + n] and
+        position ids [1, n] for callers that lay out trees themselves (the draft model).
+        """
+        ids = torch.tensor([input_ids], dtype=torch.long)
+        if layout is not None and not layout.is_chain:
+            num_cached = cache.get_seq_length()
+            attn_bias = attention_bias(layout, num_cached, self.dtype)
+            positions = position_ids(layout, num_cached)
+        hidden = self.decoder(input_ids=ids, attention_mask=attn_bias, position_ids=positions,
+                              past_key_values=cache, use_cache=True).last_hidden_state[0]  # [n, hidden]
+        if not want_logits:
+            return None, hidden
+        return self.logits(hidden), hidden
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [n, hidden] -> logits [n, vocab] float32.
+
+        For n > 1 `W @ h.T` runs 2-3x faster than `F.linear` in MKL on CPU (measured: 7 vs 19 ms for
+        2 rows of SmolLM2's 49152-row head), and the head is the largest matmul of a small model.
+        """
+        if self.head_weight is None:
+            return self.head(hidden).float()
+        if hidden.shape[0] == 1:
+            return torch.nn.functional.linear(hidden, self.head_weight).float()
+        return (self.head_weight @ hidden.T).T.float()

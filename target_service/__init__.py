@@ -1,0 +1,1 @@
+"""target_service: thin gRPC server (see DESIGN.md); lands with the serving issue."""
