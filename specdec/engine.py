@@ -14,16 +14,13 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from specdec.adaptive import AdaptiveConfig, SpeculationController
-from specdec.core import kv
-from specdec.core.sampling import make_generator, warp
-from specdec.core.tree import DraftTree, tree_layout
+from specdec.core.tree import DraftTree
 from specdec.core.types import GenerationOutput, GenerationStats, SamplingParams
-from specdec.core.verify import verify_greedy, verify_sampling
 from specdec.drafters import build_drafter
 from specdec.errors import InvalidArgument
 from specdec.models.loader import LoadedModel, load_model, pick_dtype
 from specdec.models.runner import ModelRunner
-from specdec.textstream import TextStream
+from specdec.sequence import Sequence
 
 Prompt = str | list[int] | list[dict]
 
@@ -116,60 +113,28 @@ class Engine:
                                   f"exceeds the model's context of {self.max_len} tokens")
         if params.stop and self.tokenizer is None:
             raise InvalidArgument("stop strings need a model with a tokenizer")
-        generator = None if params.greedy else make_generator(params.seed)
         session = self.drafter.new_session() if self.drafter is not None else None
         controller = SpeculationController(AdaptiveConfig(self.config.num_speculative_tokens, self.config.adaptive))
-        text = TextStream(self.tokenizer, params.stop)
-        cache = self.runner.new_cache()
         start = time.perf_counter()
-        if len(prompt_ids) > 1:  # the cache holds every committed token but the last (the next root)
-            self.runner.forward(prompt_ids[:-1], cache, want_logits=False)
-        prefill_s = time.perf_counter() - start
-        context = list(prompt_ids)
+        seq = Sequence(self.runner, prompt_ids, params, self.tokenizer, self.eos_ids)
         num_forwards = num_drafted = num_accepted = 0
         draft_s = verify_s = 0.0
-        finish_reason = None
-        while finish_reason is None:
-            remaining = params.max_new_tokens - len(text.token_ids)
+        while seq.finish_reason is None:
             k = controller.num_tokens() if session is not None else 0
-            k = min(k, remaining - 1, self.max_len - len(context) - 1)  # never draft past the end
+            k = min(k, seq.num_remaining - 1, self.max_len - len(seq.context) - 1)  # never draft past the end
             t0 = time.perf_counter()
-            tree = session.propose(context, k, params, generator) if k > 0 else DraftTree.empty()
+            tree = session.propose(seq.context, k, params, seq.generator) if k > 0 else DraftTree.empty()
             t1 = time.perf_counter()
-            layout = tree_layout(tree.parent_ids)
-            num_cached = kv.num_cached(cache)
-            logits, _ = self.runner.forward([context[-1], *tree.token_ids], cache, layout)  # [rows, vocab]
-            if params.greedy:
-                result = verify_greedy(tree, layout, logits.argmax(dim=-1).tolist())
-            else:
-                result = verify_sampling(tree, layout, warp(logits, params), generator)
-            kv.keep_rows(cache, num_cached, [0, *result.accepted_rows])
-            t2 = time.perf_counter()
-            depth = max(layout.depths)
-            controller.record(depth, min(result.num_accepted, depth), t2 - t0)
+            step = seq.step(tree)
+            controller.record(step.depth, min(step.num_accepted, step.depth), t1 - t0 + step.verify_s)
             num_forwards += 1
-            num_drafted += tree.num_nodes
-            num_accepted += result.num_accepted
+            num_drafted += step.num_drafted
+            num_accepted += step.num_accepted
             draft_s += t1 - t0
-            verify_s += t2 - t1
-            emitted = list(result.token_ids[:remaining])
-            eos_at = next((i for i, t in enumerate(emitted) if t in self.eos_ids and not params.ignore_eos), None)
-            if eos_at is not None:
-                emitted = emitted[:eos_at + 1]
-                finish_reason = "eos"
-            num_before = len(text.token_ids)
-            delta = text.push(emitted)
-            emitted = text.token_ids[num_before:]  # a stop string may cut the step short
-            if text.stopped:
-                finish_reason = "stop"
-            elif finish_reason is None and len(text.token_ids) >= params.max_new_tokens:
-                finish_reason = "length"
-            context.extend(emitted)
-            if finish_reason is None:
-                yield StreamEvent(delta, emitted)
-        elapsed = time.perf_counter() - start
-        stats = GenerationStats(len(text.token_ids), num_forwards, num_drafted, num_accepted, elapsed,
-                                draft_s, verify_s, prefill_s)
-        delta += text.flush()
-        output = GenerationOutput(list(text.token_ids), text.text, stats, finish_reason, prompt_ids)
-        yield StreamEvent(delta, emitted, output)
+            verify_s += step.verify_s
+            if seq.finish_reason is None:
+                yield StreamEvent(step.text, step.token_ids)
+        stats = GenerationStats(len(seq.generated_ids), num_forwards, num_drafted, num_accepted,
+                                time.perf_counter() - start, draft_s, verify_s, seq.prefill_s)
+        output = GenerationOutput(list(seq.generated_ids), seq.text.text, stats, seq.finish_reason, prompt_ids)
+        yield StreamEvent(step.text, step.token_ids, output)

@@ -1,0 +1,1 @@
+"""Subcommands of the `specdec` CLI, one module each (see specdec/cli.py)."""

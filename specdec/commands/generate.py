@@ -1,0 +1,67 @@
+"""`specdec generate`: one prompt through the in-process engine (streamed text, or --json)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from specdec.core.types import SamplingParams
+from specdec.drafters import DRAFTERS
+
+
+def add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0, help="0 = off")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+                          max_new_tokens=args.max_new_tokens, stop=tuple(args.stop))
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("generate", help="generate text for one prompt")
+    p.add_argument("prompt", help="the prompt text")
+    p.add_argument("--drafter", choices=DRAFTERS, default="ngram")
+    p.add_argument("--target", default=None, help="target checkpoint dir (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--draft", default=None, help="draft model checkpoint dir (with --drafter draft)")
+    p.add_argument("--num-speculative-tokens", type=int, default=8)
+    p.add_argument("--tree-width", type=int, default=1, help="branches per level (1 = a chain)")
+    p.add_argument("--no-adaptive", action="store_true", help="always draft the maximum")
+    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16")
+    add_sampling_args(p)
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    p.set_defaults(run=run)
+
+
+def drafter_options(args: argparse.Namespace) -> dict:
+    if args.tree_width == 1:
+        return {}
+    return {"num_branches": args.tree_width} if args.drafter == "ngram" else {"tree_width": args.tree_width}
+
+
+def run(args: argparse.Namespace) -> int:
+    params = sampling_params(args)  # validate before loading anything
+    from specdec.engine import Engine
+
+    engine = Engine.from_pretrained(target=args.target, drafter=args.drafter, draft=args.draft, dtype=args.dtype,
+                                    num_speculative_tokens=args.num_speculative_tokens,
+                                    adaptive=not args.no_adaptive, **drafter_options(args))
+    if args.json:
+        out = engine.generate(args.prompt, params, chat=args.chat)
+        print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
+                          **out.stats.to_dict()}))
+        return 0
+    for event in engine.stream(args.prompt, params, chat=args.chat):
+        sys.stdout.write(event.text)
+        sys.stdout.flush()
+        if event.output is not None:
+            s = event.output.stats
+            print(f"\n[{s.num_new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f}, "
+                  f"acceptance {s.acceptance_rate:.2f}, {event.output.finish_reason}]", file=sys.stderr)
+    return 0

@@ -1,0 +1,93 @@
+"""One sequence's authoritative state on the target: committed tokens, KV cache, version, text.
+
+`step(tree)` is the whole verify step: one target forward over [root] + tree, verification, KV
+commit, stop checks. The in-process engine and the target worker both drive sequences through it,
+which is why the distributed paths can match the engine token for token.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from specdec.core import kv
+from specdec.core.sampling import make_generator, warp
+from specdec.core.tree import DraftTree, tree_layout
+from specdec.core.types import SamplingParams
+from specdec.core.verify import verify_greedy, verify_sampling
+from specdec.models.runner import ModelRunner
+from specdec.textstream import TextStream
+
+
+@dataclass(frozen=True)
+class StepResult:
+    token_ids: list[int]  # newly committed tokens (after EOS / stop / length truncation)
+    text: str  # newly emitted text
+    num_drafted: int  # tree nodes verified
+    num_accepted: int
+    depth: int  # the tree's depth (what the adaptive controller counts in)
+    verify_s: float
+
+
+class Sequence:
+    def __init__(self, runner: ModelRunner, prompt_ids: list[int], params: SamplingParams,
+                 tokenizer=None, eos_ids: frozenset[int] = frozenset()):
+        self.runner = runner
+        self.params = params
+        self.prompt_ids = list(prompt_ids)
+        self.context = list(prompt_ids)  # committed: prompt + generated; the last is the next root
+        self.version = 0  # bumped at every commit; drafts name the version they were built on
+        self.eos_ids = frozenset() if params.ignore_eos else eos_ids
+        self.generator = None if params.greedy else make_generator(params.seed)
+        self.text = TextStream(tokenizer, params.stop)
+        self.cache = runner.new_cache()
+        self.finish_reason: str | None = None
+        self.hidden: torch.Tensor | None = None  # [hidden] target feature at the last root (self-drafting heads)
+        start = time.perf_counter()
+        if len(prompt_ids) > 1:  # the cache holds every committed token but the last
+            runner.forward(self.prompt_ids[:-1], self.cache, want_logits=False)
+        self.prefill_s = time.perf_counter() - start
+
+    @property
+    def generated_ids(self) -> list[int]:
+        return self.text.token_ids
+
+    @property
+    def num_remaining(self) -> int:
+        return self.params.max_new_tokens - len(self.text.token_ids)
+
+    def step(self, tree: DraftTree) -> StepResult:
+        assert self.finish_reason is None, "step() on a finished sequence"
+        start = time.perf_counter()
+        layout = tree_layout(tree.parent_ids)
+        num_cached = kv.num_cached(self.cache)
+        logits, hidden = self.runner.forward([self.context[-1], *tree.token_ids], self.cache, layout)
+        if self.params.greedy:
+            result = verify_greedy(tree, layout, logits.argmax(dim=-1).tolist())  # logits: [rows, vocab]
+        else:
+            result = verify_sampling(tree, layout, warp(logits, self.params), self.generator)
+        kv.keep_rows(self.cache, num_cached, [0, *result.accepted_rows])
+        self.hidden = hidden[result.accepted_rows[-1] if result.accepted_rows else 0]
+        self.version += 1
+        return self._commit(list(result.token_ids), tree.num_nodes, result.num_accepted, max(layout.depths),
+                            time.perf_counter() - start)
+
+    def _commit(self, token_ids: list[int], num_drafted: int, num_accepted: int, depth: int,
+                verify_s: float) -> StepResult:
+        token_ids = token_ids[:self.num_remaining]
+        eos_at = next((i for i, t in enumerate(token_ids) if t in self.eos_ids), None)
+        if eos_at is not None:
+            token_ids = token_ids[:eos_at + 1]
+            self.finish_reason = "eos"
+        num_before = len(self.text.token_ids)
+        delta = self.text.push(token_ids)
+        token_ids = self.text.token_ids[num_before:]  # a stop string may cut the step short
+        if self.text.stopped:
+            self.finish_reason = "stop"
+        elif self.finish_reason is None and self.num_remaining <= 0:
+            self.finish_reason = "length"
+        if self.finish_reason is not None:
+            delta += self.text.flush()
+        self.context.extend(token_ids)
+        return StepResult(token_ids, delta, num_drafted, num_accepted, depth, verify_s)
