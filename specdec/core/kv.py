@@ -20,6 +20,7 @@ def num_cached(cache) -> int:
     return cache.get_seq_length()
 
 
+@torch.inference_mode()  # caches are filled under inference mode; in-place writes must be too
 def keep_rows(cache, start: int, rows: list[int]) -> None:
     """Keep entries [0, start) plus start + r for r in rows (ascending), dropping all later ones.
 

@@ -1,0 +1,54 @@
+"""Shared fixtures: a tiny random target/draft pair (fast, no tokenizer) and the embedded SmolLM2."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+TINY_VOCAB = 96
+
+
+def make_tiny_llama(path, seed: int, hidden: int = 64, layers: int = 2, vocab: int = TINY_VOCAB,
+                    eos_token_id: int | None = None):
+    """A random Llama checkpoint dir. A large initializer range gives logits clear margins, so
+    argmax is not decided by float rounding (what greedy equality across batch shapes needs)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         initializer_range=0.5, eos_token_id=eos_token_id, bos_token_id=None, pad_token_id=None)
+    model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = eos_token_id
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tmp_path_factory):
+    return str(make_tiny_llama(tmp_path_factory.mktemp("tiny-target"), seed=1))
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tmp_path_factory):
+    return str(make_tiny_llama(tmp_path_factory.mktemp("tiny-draft"), seed=2, hidden=32, layers=1))
+
+
+@pytest.fixture(scope="session")
+def smol_path():
+    from specdec.models.embedded import embedded_target_path
+
+    return str(embedded_target_path())
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models: one intra-op thread. Two spin-waiting OpenMP threads cost far more than they
+    save on 64-wide matmuls, and starve neighbouring processes (the e2e servers)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -1,0 +1,40 @@
+"""Starting real server processes for a test and always stopping them (try/finally, bounded waits)."""
+from __future__ import annotations
+
+import contextlib
+
+from specdec.launch import spawn, start_stack, wait_ready
+from specdec.serving_config import DraftConfig, RouterConfig, StackConfig, TargetConfig
+
+READY_TIMEOUT_S = 120.0
+ENV = {"OMP_NUM_THREADS": "1"}  # 2 shared cores: one torch thread per process keeps them from thrashing
+
+
+def stack_config(models, drafter: str = "draft", pipeline: bool = True, **target_overrides) -> StackConfig:
+    target = models["target"]
+    return StackConfig(
+        router=RouterConfig(max_active=8, max_queue=8),
+        targets=(TargetConfig(model=str(target), dtype="float32", num_threads=1, **target_overrides),),
+        drafts=(DraftConfig(drafter=drafter, model=str(models["draft"]) if drafter == "draft" else None,
+                            target_model=str(target), dtype="float32", num_threads=1, pipeline=pipeline),),
+        ready_timeout_s=READY_TIMEOUT_S)
+
+
+@contextlib.contextmanager
+def running_stack(config: StackConfig):
+    stack = start_stack(config, env=ENV)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+@contextlib.contextmanager
+def running(kind: str, config):
+    """One server process (target, draft or router) for the duration of the block."""
+    process = spawn(kind, config, env=ENV)
+    try:
+        wait_ready(process, READY_TIMEOUT_S)
+        yield process
+    finally:
+        process.stop()

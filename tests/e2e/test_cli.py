@@ -1,0 +1,82 @@
+"""`specdec serve` (whole stack, embedded SmolLM2 + prompt lookup; and --config YAML) and
+`specdec generate --server`: same --json output as in process, same tokens."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from specdec.core.types import SamplingParams
+from specdec.launch import _die_with_parent
+
+pytestmark = pytest.mark.e2e
+READY = re.compile(r"ready.*?(127\.0\.0\.1:\d+)")
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+def serve(args: list[str], timeout_s: float = 150.0):
+    """Start `specdec serve ...`; return (process, router address) once its ready line appears."""
+    process = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", *args], stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True, env=ENV, preexec_fn=_die_with_parent)
+    deadline = time.monotonic() + timeout_s
+    for line in process.stdout:  # the stack prints exactly one line on stdout: the ready line
+        match = READY.search(line)
+        if match:
+            return process, match.group(1)
+        assert time.monotonic() < deadline
+    stop(process)
+    raise AssertionError("specdec serve exited before it was ready")
+
+
+def stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
+
+
+def generate_json(address: str, prompt: str, *flags: str) -> dict:
+    result = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", prompt, "--server", address, "--json",
+                             "--timeout-s", "120", *flags], capture_output=True, text=True, env=ENV, timeout=150)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.slow
+def test_serve_embedded_stack_matches_in_process():
+    from specdec.engine import Engine
+
+    process, address = serve([])
+    try:
+        out = generate_json(address, "List three colours:", "--max-new-tokens", "24", "--chat")
+    finally:
+        stop(process)
+    engine = Engine.from_pretrained(drafter="ngram")
+    expected = engine.generate("List three colours:", SamplingParams(max_new_tokens=24), chat=True)
+    assert out["token_ids"] == expected.token_ids and out["text"] == expected.text
+    assert out["finish_reason"] == expected.finish_reason
+    assert set(out) >= {"tau", "acceptance_rate", "tokens_per_s", "num_target_forwards"}
+
+
+def test_serve_config_file(tmp_path, tiny_models, reference):
+    config = tmp_path / "stack.yaml"
+    config.write_text(f"router: {{max_queue: 2}}\n"
+                      f"targets:\n  - {{model: {tiny_models['target']}, dtype: float32, num_threads: 1}}\n"
+                      f"drafts:\n  - {{drafter: draft, model: {tiny_models['draft']}, "
+                      f"target_model: {tiny_models['target']}, dtype: float32, num_threads: 1}}\n")
+    process, address = serve(["--config", str(config)])
+    try:
+        out = generate_json(address, "Hello", "--max-new-tokens", "20")
+        bad = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", "", "--server", address],
+                             capture_output=True, text=True, env=ENV, timeout=60)
+    finally:
+        stop(process)
+    assert out["token_ids"] == reference("draft", "Hello", SamplingParams(max_new_tokens=20)).token_ids
+    assert bad.returncode == 2 and "prompt is empty" in bad.stderr

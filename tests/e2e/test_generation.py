@@ -1,0 +1,153 @@
+"""Greedy through router -> draft worker -> target worker equals the in-process engine, token for token."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from specdec.client import AsyncClient, Client
+from specdec.core.types import SamplingParams
+from specdec.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
+from specdec.serving_config import RouterConfig
+from e2e.harness import running
+
+pytestmark = pytest.mark.e2e
+GREEDY = SamplingParams(max_new_tokens=48, ignore_eos=True)
+PROMPTS = ["The quick brown fox", [5, 17, 99, 3, 5, 17, 99, 3, 5, 17], "Once upon a time, in a land far away"]
+
+
+@pytest.mark.parametrize("drafter", ["draft", "ngram"])
+def test_greedy_matches_in_process(request, reference, drafter):
+    stack = request.getfixturevalue(f"{drafter}_stack")
+    with Client(stack.address) as client:
+        for prompt in PROMPTS:
+            expected = reference(drafter, prompt, GREEDY)
+            out = client.generate(prompt, GREEDY, timeout_s=60)
+            assert out.token_ids == expected.token_ids
+            assert out.text == expected.text
+            assert out.finish_reason == expected.finish_reason == "length"
+            assert out.stats.num_new_tokens == 48
+        chat = client.generate("Say hi", SamplingParams(max_new_tokens=8, ignore_eos=True), chat=True, timeout_s=60)
+        assert chat.prompt_token_ids == reference(drafter, "Say hi", SamplingParams(max_new_tokens=1), chat=True
+                                                  ).prompt_token_ids
+
+
+def test_draft_model_is_accepted_and_streamed(draft_stack, reference):
+    with Client(draft_stack.address) as client:
+        chunks = list(client.stream(PROMPTS[0], GREEDY, timeout_s=60))
+    out = chunks[-1].output
+    assert out.stats.num_accepted_tokens > 0 and out.stats.num_target_forwards < 48
+    assert [t for c in chunks for t in c.token_ids] == out.token_ids
+    assert "".join(c.text for c in chunks) == out.text
+
+
+def test_four_concurrent_clients(draft_stack, reference):
+    prompts = [[7, 8, 9, i] for i in range(4)]
+    results: dict[int, list[int]] = {}
+
+    def worker(i):
+        with Client(draft_stack.address) as client:
+            results[i] = client.generate(prompts[i], GREEDY, timeout_s=120).token_ids
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(150)
+    for i, prompt in enumerate(prompts):
+        assert results[i] == reference("draft", prompt, GREEDY).token_ids
+
+
+def test_async_client_and_sampling(draft_stack):
+    async def go():
+        async with AsyncClient(draft_stack.address) as client:
+            params = SamplingParams(temperature=0.8, top_k=50, max_new_tokens=24, ignore_eos=True)
+            outs = await asyncio.gather(*[client.generate([1, 2, 3], params, timeout_s=60) for _ in range(2)])
+            chunks = [c async for c in client.stream([4, 5, 6], GREEDY, timeout_s=60)]
+            return outs, chunks
+    outs, chunks = asyncio.run(go())
+    for out in outs:
+        assert len(out.token_ids) == 24 and all(0 <= t < 49152 for t in out.token_ids)
+    assert chunks[-1].output.token_ids == [t for c in chunks for t in c.token_ids]
+
+
+def _held(client: Client) -> tuple[list[str], list[str]]:
+    info = client.server_info()
+    return list(info.targets[0].info.sequence_ids), list(info.drafts[0].info.sequence_ids)
+
+
+def _wait_released(client: Client, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _held(client) != ([], []):
+        assert time.monotonic() < deadline, f"sequences still held: {_held(client)}"
+        time.sleep(0.1)
+
+
+def test_cancel_releases_at_both_workers(draft_stack):
+    with Client(draft_stack.address) as client:
+        _wait_released(client)
+        stream = client.stream([3, 1, 4, 1, 5], SamplingParams(max_new_tokens=900, ignore_eos=True), timeout_s=60)
+        next(stream)
+        targets, drafts = _held(client)
+        assert len(targets) == 1 and drafts == targets  # held at both while running
+        stream.close()  # cancels the call
+        _wait_released(client)
+
+
+def test_deadline_exceeded_releases(draft_stack):
+    with Client(draft_stack.address) as client:
+        _wait_released(client)
+        with pytest.raises(DeadlineExceeded):
+            client.generate([2, 7, 1, 8], SamplingParams(max_new_tokens=900, ignore_eos=True), timeout_s=0.3)
+        _wait_released(client)
+
+
+@pytest.mark.parametrize("prompt,params,message", [
+    ("", SamplingParams(), "prompt is empty"),
+    ([1, 2, 10**9], SamplingParams(), "outside the vocabulary"),
+    ([1, 2, 3], SamplingParams(max_new_tokens=5000), "exceeds the model's context"),
+])
+def test_invalid_argument(draft_stack, prompt, params, message):
+    with Client(draft_stack.address) as client, pytest.raises(InvalidArgument, match=message):
+        client.generate(prompt, params, timeout_s=30)
+
+
+def test_invalid_sampling_params_on_the_wire(draft_stack):
+    from specdec.rpc.v1 import generation_pb2, generation_pb2_grpc
+
+    with grpc.insecure_channel(draft_stack.address) as channel:
+        request = generation_pb2.GenerateRequest(text="hi")
+        request.params.temperature = -1.0
+        with pytest.raises(grpc.RpcError) as err:
+            list(generation_pb2_grpc.GenerationStub(channel).Generate(request, timeout=30))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "temperature" in err.value.details()
+
+
+def test_bounded_queue(draft_stack):
+    """A second router on the same workers with one slot and no queue: the 2nd request is refused."""
+    config = RouterConfig(targets=(draft_stack.targets[0].address,), drafts=(draft_stack.drafts[0].address,),
+                          max_active=1, max_queue=0)
+    with running("router", config) as router, Client(router.address) as client:
+        stream = client.stream([9, 9, 9], SamplingParams(max_new_tokens=900, ignore_eos=True), timeout_s=60)
+        next(stream)
+        with pytest.raises(ResourceExhausted, match="busy"):
+            client.generate([1, 2, 3], GREEDY, timeout_s=30)
+        stream.close()
+
+
+def test_health_and_reflection_on_every_server(draft_stack):
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    for process in [draft_stack.router, *draft_stack.targets, *draft_stack.drafts]:
+        with grpc.insecure_channel(process.address) as channel:
+            status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+            assert status.status == health_pb2.HealthCheckResponse.SERVING
+            request = reflection_pb2.ServerReflectionRequest(list_services="")
+            response = next(reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
+                iter([request]), timeout=10))
+            names = {s.name for s in response.list_services_response.service}
+            assert names & {"specdec.v1.Generation", "specdec.v1.TargetWorker", "specdec.v1.DraftWorker"}

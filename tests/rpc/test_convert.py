@@ -1,0 +1,119 @@
+"""pb <-> dataclass conversion, draft trees on the wire, status mapping, configs and flags."""
+from __future__ import annotations
+
+import argparse
+
+import grpc
+import pytest
+import torch
+
+from specdec import errors
+from specdec.core.tree import DraftTree
+from specdec.core.types import GenerationStats, SamplingParams
+from specdec.drafters.draft_model import pick_children, truncate_top_n
+from specdec.rpc.convert import (params_from_pb, params_to_pb, prompt_from_pb, prompt_to_pb, stats_from_pb,
+                                 stats_to_pb)
+from specdec.rpc.status import status_of, to_exception
+from specdec.rpc.trees import tree_from_pb, tree_to_pb
+from specdec.rpc.v1 import common_pb2, generation_pb2
+from specdec.serving_config import (DraftConfig, RouterConfig, TargetConfig, add_config_args, config_from_args,
+                                    config_to_argv, load_stack_config)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(),
+    SamplingParams(temperature=0.7, top_p=0.9, top_k=40, seed=3, max_new_tokens=7, stop=("\n", "END"),
+                   ignore_eos=True),
+])
+def test_params_round_trip(params):
+    assert params_from_pb(params_to_pb(params)) == params
+
+
+def test_unset_params_take_defaults_and_bad_ones_raise():
+    assert params_from_pb(common_pb2.SamplingParams()) == SamplingParams()
+    with pytest.raises(errors.InvalidArgument, match="top_p"):
+        params_from_pb(common_pb2.SamplingParams(top_p=0.0))
+
+
+def test_stats_round_trip():
+    stats = GenerationStats(10, 4, 12, 6, 1.5, 0.1, 0.9, 0.2)
+    assert stats_from_pb(stats_to_pb(stats)) == stats
+
+
+@pytest.mark.parametrize("prompt", ["hello", [1, 2, 3], [{"role": "user", "content": "hi"}]])
+def test_prompt_round_trip(prompt):
+    request = generation_pb2.GenerateRequest()
+    prompt_to_pb(request, prompt)
+    assert prompt_from_pb(request) == prompt
+
+
+def test_missing_prompt_is_invalid():
+    with pytest.raises(errors.InvalidArgument, match="no prompt"):
+        prompt_from_pb(generation_pb2.GenerateRequest())
+
+
+def test_tree_round_trip_with_truncated_q():
+    generator = torch.Generator().manual_seed(0)
+    params = SamplingParams(temperature=1.0)
+    logits = torch.randn(100, generator=generator)
+    children = pick_children(logits, 2, params, generator, top_n=8)
+    for token, q, _ in children:
+        assert int((q > 0).sum()) <= 8 and q[token] > 0 and abs(float(q.sum()) - 1) < 1e-6
+    q = torch.stack([c[1] for c in children])
+    tree = DraftTree(tuple(c[0] for c in children), (-1, -1), q)
+    msg = tree_to_pb(tree)
+    assert all(len(row.token_ids) <= 8 for row in msg.q)  # only what was sampled from goes on the wire
+    back = tree_from_pb(msg, 100, 8)
+    assert back.token_ids == tree.token_ids and back.parent_ids == tree.parent_ids
+    assert torch.equal(back.q, q)  # exact: float32 both ways
+
+
+def test_truncate_top_n_keeps_default_untouched():
+    q = torch.softmax(torch.randn(50), -1)
+    assert truncate_top_n(q, 0) is q
+    t = truncate_top_n(q, 5)
+    assert int((t > 0).sum()) == 5 and abs(float(t.sum()) - 1) < 1e-6
+
+
+def test_deterministic_tree_has_no_q():
+    msg = tree_to_pb(DraftTree.chain([4, 5, 6]))
+    assert len(msg.q) == 0 and tree_from_pb(msg, 10, 8).q is None
+
+
+def test_status_mapping_both_ways():
+    assert status_of(errors.InvalidArgument("bad"))[0] == grpc.StatusCode.INVALID_ARGUMENT
+    assert status_of(errors.ResourceExhausted("full"))[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert status_of(errors.DeadlineExceeded("late"))[0] == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert status_of(RuntimeError("boom"))[0] == grpc.StatusCode.INTERNAL
+
+    class Failed(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.RESOURCE_EXHAUSTED
+
+        def details(self):
+            return "busy"
+
+    assert status_of(Failed()) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "busy")
+    exc = to_exception(Failed())
+    assert isinstance(exc, errors.ResourceExhausted) and str(exc) == "busy"
+
+
+@pytest.mark.parametrize("config", [TargetConfig(model="/m", draft_wait_s=0.5),
+                                    DraftConfig(drafter="draft", pipeline=False, tree_width=2),
+                                    RouterConfig(targets=("127.0.0.1:1", "127.0.0.1:2"), max_queue=0)])
+def test_config_flags_round_trip(config):
+    parser = argparse.ArgumentParser()
+    add_config_args(parser, type(config))
+    assert config_from_args(parser.parse_args(config_to_argv(config)), type(config)) == config
+
+
+def test_yaml_deployment(tmp_path):
+    path = tmp_path / "stack.yaml"
+    path.write_text("router: {port: 0, max_queue: 4}\ntargets:\n  - {model: /t, dtype: float32}\n"
+                    "drafts:\n  - {drafter: draft, model: /d, pipeline: false}\n")
+    config = load_stack_config(path)
+    assert config.router.max_queue == 4 and config.targets[0].model == "/t"
+    assert config.drafts[0].drafter == "draft" and config.drafts[0].pipeline is False
+    path.write_text("router: {colour: blue}\n")
+    with pytest.raises(errors.InvalidArgument, match="colour"):
+        load_stack_config(path)
