@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+import specdec  # noqa: F401  (sets OMP_WAIT_POLICY before torch starts OpenMP)
 import pytest
 import torch
 
