@@ -39,6 +39,15 @@ def tiny_draft(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_noisy_draft(tiny_target, tmp_path_factory):
+    """The tiny target plus weight noise: accepts often, but not always (sampling tests need both)."""
+    from e2e.tiny import make_noisy_copy
+    from pathlib import Path
+
+    return str(make_noisy_copy(Path(tiny_target), tmp_path_factory.mktemp("tiny-noisy") / "m", noise=0.05, seed=3))
+
+
+@pytest.fixture(scope="session")
 def smol_path():
     from specdec.models.embedded import embedded_target_path
 
