@@ -31,7 +31,7 @@ class AdaptiveConfig:
 class SpeculationController:
     def __init__(self, config: AdaptiveConfig):
         self.config = config
-        self.accepted, self.rejections = 2.0, 1.0  # optimistic prior: start by speculating
+        self.accepted, self.rejections = 1.0, 1.0  # prior alpha = 0.5; the first speculative step is max depth anyway
         self.t_plain: float | None = None
         self.fit = [0.0] * 5  # decayed sums for y = a + b k: n, sum k, sum k^2, sum y, sum k y
         self.steps_since_spec = 0

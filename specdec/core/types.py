@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from specdec.errors import InvalidArgument
 
@@ -42,7 +42,9 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class GenerationStats:
-    """Speculative statistics of one generation. tau = tokens emitted per target forward."""
+    """Speculative statistics of one generation. tau = tokens emitted per target forward (plain
+    decoding: 1.0); acceptance_rate = accepted / drafted tokens. Derived fields are real fields so
+    `dataclasses.asdict` and JSON carry them."""
 
     num_new_tokens: int
     num_target_forwards: int
@@ -52,33 +54,18 @@ class GenerationStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     prefill_s: float = 0.0
+    tau: float = field(init=False)
+    acceptance_rate: float = field(init=False)
+    tokens_per_s: float = field(init=False)
 
-    @property
-    def tau(self) -> float:
-        return self.num_new_tokens / self.num_target_forwards if self.num_target_forwards else 0.0
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.num_new_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "tau", self.num_new_tokens / self.num_target_forwards if self.num_target_forwards else 0.0)
+        set_(self, "acceptance_rate", self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0)
+        set_(self, "tokens_per_s", self.num_new_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0)
 
     def to_dict(self) -> dict:
-        return {
-            "num_new_tokens": self.num_new_tokens,
-            "num_target_forwards": self.num_target_forwards,
-            "num_draft_tokens": self.num_draft_tokens,
-            "num_accepted_tokens": self.num_accepted_tokens,
-            "tau": self.tau,
-            "acceptance_rate": self.acceptance_rate,
-            "elapsed_s": self.elapsed_s,
-            "tokens_per_s": self.tokens_per_s,
-            "draft_s": self.draft_s,
-            "verify_s": self.verify_s,
-            "prefill_s": self.prefill_s,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)
