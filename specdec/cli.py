@@ -11,7 +11,7 @@ import sys
 
 from specdec.errors import SpecdecError
 
-COMMANDS = ("generate",)  # modules under specdec.commands
+COMMANDS = ("generate", "serve", "bench", "train")  # modules under specdec.commands
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,11 +24,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # for commands that re-launch themselves (generate --tp N)
     try:
         return args.run(args)
     except SpecdecError as exc:
-        print(f"specdec: error: {exc}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # tensor-parallel ranks fail alike: one line is enough
+            print(f"specdec: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

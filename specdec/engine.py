@@ -9,6 +9,8 @@ Plain decoding is the same loop with an empty tree, so the baseline shares every
 """
 from __future__ import annotations
 
+import dataclasses
+import random
 import time
 from dataclasses import dataclass
 from typing import Iterator
@@ -17,9 +19,11 @@ from specdec.adaptive import AdaptiveConfig, SpeculationController
 from specdec.core.tree import DraftTree
 from specdec.core.types import GenerationOutput, GenerationStats, SamplingParams
 from specdec.drafters import build_drafter
+from specdec import parallel
 from specdec.errors import InvalidArgument
-from specdec.models.loader import LoadedModel, load_model, pick_dtype
+from specdec.models.loader import LoadedModel, load_model, pick_dtype, resolve_path
 from specdec.models.runner import ModelRunner
+from specdec.parallel import check_tp_degree
 from specdec.sequence import Sequence
 
 Prompt = str | list[int] | list[dict]
@@ -59,11 +63,18 @@ class Engine:
     @classmethod
     def from_pretrained(cls, target: str | None = None, drafter: str = "none", draft: str | None = None,
                         *, dtype: str = "auto", num_speculative_tokens: int = 8, adaptive: bool = True,
-                        **drafter_options) -> Engine:
-        """target None = the embedded SmolLM2-135M-Instruct; drafter none | ngram | draft."""
+                        tp: int = 1, **drafter_options) -> Engine:
+        """target None = the embedded SmolLM2-135M-Instruct; drafter none | ngram | draft | medusa | eagle."""
         config = EngineConfig(num_speculative_tokens=num_speculative_tokens, adaptive=adaptive)
         torch_dtype = pick_dtype(dtype)
-        loaded = load_model(target, torch_dtype)
+        if tp > 1:
+            from transformers import AutoConfig
+
+            check_tp_degree(AutoConfig.from_pretrained(resolve_path(target), local_files_only=True), tp)
+            if parallel.init_from_env() != tp:
+                raise InvalidArgument(f"tp={tp} needs {tp} processes in a torch.distributed group: "
+                                      f"run `specdec generate --tp {tp} ...` or torchrun --nproc-per-node {tp}")
+        loaded = load_model(target, torch_dtype, tp_degree=tp)
         return cls(loaded, build_drafter(drafter, loaded, draft, drafter_options, torch_dtype), config)
 
     def _eos_ids(self) -> frozenset[int]:
@@ -107,6 +118,8 @@ class Engine:
     def stream(self, prompt: Prompt, params: SamplingParams | None = None, chat: bool = False
                ) -> Iterator[StreamEvent]:
         params = params or SamplingParams()
+        if not params.greedy and params.seed is None and parallel.world_size() > 1:  # same draws on every rank
+            params = dataclasses.replace(params, seed=parallel.broadcast_int(random.randrange(2 ** 62)))
         prompt_ids = self.encode(prompt, chat)
         if len(prompt_ids) + params.max_new_tokens > self.max_len:
             raise InvalidArgument(f"prompt ({len(prompt_ids)} tokens) plus max_new_tokens ({params.max_new_tokens}) "
@@ -116,11 +129,15 @@ class Engine:
         session = self.drafter.new_session() if self.drafter is not None else None
         controller = SpeculationController(AdaptiveConfig(self.config.num_speculative_tokens, self.config.adaptive))
         start = time.perf_counter()
-        seq = Sequence(self.runner, prompt_ids, params, self.tokenizer, self.eos_ids)
+        seq = Sequence(self.runner, prompt_ids, params, self.tokenizer, self.eos_ids,
+                       keep_features=bool(getattr(session, "needs_features", False)))
+        if hasattr(session, "attach"):  # self-drafting heads (Medusa, EAGLE) read the target's features
+            session.attach(seq)
         num_forwards = num_drafted = num_accepted = 0
         draft_s = verify_s = 0.0
         while seq.finish_reason is None:
             k = controller.num_tokens() if session is not None else 0
+            k = parallel.broadcast_int(k)  # tensor-parallel ranks must verify the same tree
             k = min(k, seq.num_remaining - 1, self.max_len - len(seq.context) - 1)  # never draft past the end
             t0 = time.perf_counter()
             tree = session.propose(seq.context, k, params, seq.generator) if k > 0 else DraftTree.empty()

@@ -32,7 +32,7 @@ class StepResult:
 
 class Sequence:
     def __init__(self, runner: ModelRunner, prompt_ids: list[int], params: SamplingParams,
-                 tokenizer=None, eos_ids: frozenset[int] = frozenset()):
+                 tokenizer=None, eos_ids: frozenset[int] = frozenset(), keep_features: bool = False):
         self.runner = runner
         self.params = params
         self.prompt_ids = list(prompt_ids)
@@ -44,9 +44,15 @@ class Sequence:
         self.cache = runner.new_cache()
         self.finish_reason: str | None = None
         self.hidden: torch.Tensor | None = None  # [hidden] target feature at the last root (self-drafting heads)
+        # keep_features: the target feature of every cached position, in cache order, as chunks
+        # [rows, hidden] (an EAGLE-style head runs its own layer over all of them); off by default.
+        self.feature_chunks: list[torch.Tensor] | None = [] if keep_features else None
         start = time.perf_counter()
         if len(prompt_ids) > 1:  # the cache holds every committed token but the last
-            runner.forward(self.prompt_ids[:-1], self.cache, want_logits=False)
+            _, hidden = runner.forward(self.prompt_ids[:-1], self.cache, want_logits=False)
+            self.hidden = hidden[-1].clone()  # its LM-head output predicts the root: what Medusa heads read first
+            if self.feature_chunks is not None:
+                self.feature_chunks.append(hidden)
         self.prefill_s = time.perf_counter() - start
 
     @property
@@ -69,6 +75,8 @@ class Sequence:
             result = verify_sampling(tree, layout, warp(logits, self.params), self.generator)
         kv.keep_rows(self.cache, num_cached, [0, *result.accepted_rows])
         self.hidden = hidden[result.accepted_rows[-1] if result.accepted_rows else 0]
+        if self.feature_chunks is not None:
+            self.feature_chunks.append(hidden[[0, *result.accepted_rows]])  # [1 + accepted, hidden]
         self.version += 1
         return self._commit(list(result.token_ids), tree.num_nodes, result.num_accepted, max(layout.depths),
                             time.perf_counter() - start)

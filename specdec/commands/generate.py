@@ -1,8 +1,9 @@
-"""`specdec generate`: one prompt through the in-process engine (streamed text, or --json)."""
+"""`specdec generate`: one prompt through the in-process engine, or through a running router with --server (streamed text, or --json)."""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from specdec.core.types import SamplingParams
@@ -33,9 +34,14 @@ def add_parser(subparsers) -> None:
     p.add_argument("--tree-width", type=int, default=1, help="branches per level (1 = a chain)")
     p.add_argument("--no-adaptive", action="store_true", help="always draft the maximum")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: run the engine as N processes")
     add_sampling_args(p)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    p.add_argument("--server", default=None, metavar="HOST:PORT",
+                   help="call a running router (`specdec serve`) instead of loading models here; the model "
+                        "and drafter flags are then the server's business")
+    p.add_argument("--timeout-s", type=float, default=None, help="deadline of the call (with --server)")
     p.set_defaults(run=run)
 
 
@@ -47,20 +53,38 @@ def drafter_options(args: argparse.Namespace) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     params = sampling_params(args)  # validate before loading anything
+    if args.server is not None:
+        from specdec.client import Client
+
+        with Client(args.server) as client:
+            return _print(args, lambda: client.stream(args.prompt, params, chat=args.chat, timeout_s=args.timeout_s))
+    if args.tp > 1 and "WORLD_SIZE" not in os.environ:  # the launcher: re-run this command as N ranks
+        from transformers import AutoConfig
+
+        from specdec import parallel
+        from specdec.models.loader import resolve_path
+
+        parallel.check_tp_degree(AutoConfig.from_pretrained(resolve_path(args.target), local_files_only=True), args.tp)
+        return parallel.launch(args.argv, args.tp)
     from specdec.engine import Engine
 
     engine = Engine.from_pretrained(target=args.target, drafter=args.drafter, draft=args.draft, dtype=args.dtype,
                                     num_speculative_tokens=args.num_speculative_tokens,
-                                    adaptive=not args.no_adaptive, **drafter_options(args))
+                                    adaptive=not args.no_adaptive, tp=args.tp, **drafter_options(args))
+    return _print(args, lambda: engine.stream(args.prompt, params, chat=args.chat))
+
+
+def _print(args: argparse.Namespace, stream) -> int:
+    """The same output in process and through a server: streamed text, or one JSON object."""
     if args.json:
-        out = engine.generate(args.prompt, params, chat=args.chat)
+        out = next(e.output for e in stream() if e.output is not None)
         print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
                           **out.stats.to_dict()}))
         return 0
-    for event in engine.stream(args.prompt, params, chat=args.chat):
+    for event in stream():
         sys.stdout.write(event.text)
         sys.stdout.flush()
-        if event.output is not None:
+        if event.output is not None and os.environ.get("RANK", "0") == "0":  # one summary per --tp group
             s = event.output.stats
             print(f"\n[{s.num_new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f}, "
                   f"acceptance {s.acceptance_rate:.2f}, {event.output.finish_reason}]", file=sys.stderr)

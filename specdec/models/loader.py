@@ -51,7 +51,8 @@ def resolve_path(path: str | os.PathLike | None) -> Path:
     return resolved
 
 
-def load_model(path: str | os.PathLike | None, dtype: torch.dtype) -> LoadedModel:
+def load_model(path: str | os.PathLike | None, dtype: torch.dtype, tp_degree: int = 1) -> LoadedModel:
+    """tp_degree > 1: split the model over the current torch.distributed group (transformers' tp_plan)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -59,7 +60,8 @@ def load_model(path: str | os.PathLike | None, dtype: torch.dtype) -> LoadedMode
     resolved = resolve_path(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            resolved, dtype=dtype, local_files_only=True, attn_implementation="sdpa")
+            resolved, dtype=dtype, local_files_only=True, attn_implementation="sdpa",
+            **({"tp_plan": "auto"} if tp_degree > 1 else {}))
     except (OSError, ValueError) as exc:
         raise ModelNotFound(f"cannot load a causal LM from {str(resolved)!r}: {str(exc).splitlines()[0]}") from exc
     model.eval().requires_grad_(False)

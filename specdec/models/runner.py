@@ -20,8 +20,9 @@ class ModelRunner:
         self.dtype = next(model.parameters()).dtype
         self.decoder = getattr(model, model.base_model_prefix)
         head = model.get_output_embeddings()
-        plain_head = isinstance(head, torch.nn.Linear) and head.bias is None and not any(
-            getattr(model.config, name, None) for name in ("final_logit_softcapping", "logit_scale"))
+        plain_head = (isinstance(head, torch.nn.Linear) and head.bias is None
+                      and not hasattr(head.weight, "device_mesh")  # a tensor-parallel (DTensor) head gathers itself
+                      and not any(getattr(model.config, n, None) for n in ("final_logit_softcapping", "logit_scale")))
         self.head = head
         self.head_weight = head.weight if plain_head else None  # [vocab, hidden]
 
