@@ -13,9 +13,9 @@ import torch
 
 from specdec.core import kv
 from specdec.core.sampling import make_generator, warp
-from specdec.core.tree import DraftTree, tree_layout
+from specdec.core.tree import DraftTree, TreeLayout, tree_layout
 from specdec.core.types import SamplingParams
-from specdec.core.verify import verify_greedy, verify_sampling
+from specdec.core.verify import VerifyResult, verify_greedy, verify_sampling
 from specdec.models.runner import ModelRunner
 from specdec.textstream import TextStream
 
@@ -69,17 +69,24 @@ class Sequence:
         layout = tree_layout(tree.parent_ids)
         num_cached = kv.num_cached(self.cache)
         logits, hidden = self.runner.forward([self.context[-1], *tree.token_ids], self.cache, layout)
-        if self.params.greedy:
-            result = verify_greedy(tree, layout, logits.argmax(dim=-1).tolist())  # logits: [rows, vocab]
-        else:
-            result = verify_sampling(tree, layout, warp(logits, self.params), self.generator)
+        result = self.verify(tree, layout, logits)
         kv.keep_rows(self.cache, num_cached, [0, *result.accepted_rows])
+        return self.commit_verified(tree, layout, result, hidden, time.perf_counter() - start)
+
+    def verify(self, tree: DraftTree, layout: TreeLayout, logits: torch.Tensor) -> VerifyResult:
+        """logits: [rows, vocab] of the verify forward over [root] + tree."""
+        if self.params.greedy:
+            return verify_greedy(tree, layout, logits.argmax(dim=-1).tolist())
+        return verify_sampling(tree, layout, warp(logits, self.params), self.generator)
+
+    def commit_verified(self, tree: DraftTree, layout: TreeLayout, result: VerifyResult, hidden: torch.Tensor,
+                        verify_s: float) -> StepResult:
+        """Everything after the cache holds root + accepted path: features, version, tokens, stops."""
         self.hidden = hidden[result.accepted_rows[-1] if result.accepted_rows else 0]
         if self.feature_chunks is not None:
             self.feature_chunks.append(hidden[[0, *result.accepted_rows]])  # [1 + accepted, hidden]
         self.version += 1
-        return self._commit(list(result.token_ids), tree.num_nodes, result.num_accepted, max(layout.depths),
-                            time.perf_counter() - start)
+        return self._commit(list(result.token_ids), tree.num_nodes, result.num_accepted, max(layout.depths), verify_s)
 
     def _commit(self, token_ids: list[int], num_drafted: int, num_accepted: int, depth: int,
                 verify_s: float) -> StepResult:

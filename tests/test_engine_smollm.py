@@ -65,3 +65,11 @@ def test_stop_string_and_streaming(plain, reference):
 def test_token_id_prompt_equals_text_prompt(plain, reference):
     ids = plain.encode(PROMPTS[2], chat=True)
     assert plain.generate(ids, PARAMS).token_ids == reference[2].token_ids
+
+
+def test_batched_verification_equals_alone(smol_path, reference):
+    from specdec.batch import generate_batch
+
+    engine = Engine.from_pretrained(target=smol_path, drafter="ngram", num_branches=2)
+    batched = generate_batch(engine, PROMPTS, PARAMS, max_batch=3, chat=True)
+    assert batched == [want.token_ids for want in reference]

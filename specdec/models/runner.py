@@ -50,6 +50,13 @@ class ModelRunner:
             return None, hidden
         return self.logits(hidden), hidden
 
+    @torch.inference_mode()
+    def forward_batch(self, input_ids: torch.Tensor, cache: DynamicCache, attn_bias: torch.Tensor,
+                      positions: torch.Tensor) -> torch.Tensor:
+        """Padded batch: input_ids [B, N], attn_bias [B, 1, N, cached + N], positions [B, N] -> hidden [B, N, H]."""
+        return self.decoder(input_ids=input_ids, attention_mask=attn_bias, position_ids=positions,
+                            past_key_values=cache, use_cache=True).last_hidden_state
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [n, hidden] -> logits [n, vocab] float32.
 
