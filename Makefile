@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 
-.PHONY: setup model run test bench-quick clean
+.PHONY: setup model run proto test bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,11 +22,22 @@ setup: $(STAMP)
 model: setup
 	$(PY) -m specdec.models.embedded
 
+# The local stack (router + draft worker + target worker, separate processes on 127.0.0.1) with one
+# sample request streamed through it; Ctrl-C stops every process.
 run: model
-	$(PY) -m specdec.demo
+	$(PY) -m specdec.cli serve --demo
+
+# Regenerates the gRPC stubs under specdec/rpc/v1 from proto/specdec/v1 (a test fails when they are stale).
+proto: setup
+	$(PY) -m specdec.rpc.codegen
 
 test: model
 	$(PY) -m pytest -q
+
+# Spec-Bench: every method and the transformers peers, greedy and sampling; refreshes benchmarks/results/
+# (report.json, report.md, plots). About 20 minutes on 2 idle cores; pass options with BENCH_ARGS="...".
+bench: model
+	$(PY) -m specdec.cli bench --out benchmarks/results $(BENCH_ARGS)
 
 bench-quick: model
 	$(PY) benchmarks/quick.py

@@ -1,1 +1,1 @@
-"""draft_service: thin gRPC server (see DESIGN.md); lands with the serving issue."""
+"""The draft worker: drafts for many sequences and streams draft trees to the targets that own them."""

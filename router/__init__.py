@@ -1,1 +1,4 @@
-"""router: thin gRPC server (see DESIGN.md); lands with the serving issue."""
+"""The router: the public Generation API. Tokenizes, validates, queues, assigns workers, streams back.
+
+It imports no torch: tokenization uses `tokenizers` and chat templates are rendered with jinja2.
+"""

@@ -14,3 +14,23 @@ class ModelNotFound(SpecdecError, FileNotFoundError):
 
     def __str__(self) -> str:  # FileNotFoundError would print "[Errno ...]" otherwise
         return str(self.args[0]) if self.args else "model not found"
+
+
+class ResourceExhausted(SpecdecError):
+    """The server's queue is full (gRPC RESOURCE_EXHAUSTED): retry later."""
+
+
+class Unavailable(SpecdecError):
+    """No healthy worker, or the server is draining (gRPC UNAVAILABLE)."""
+
+
+class DeadlineExceeded(SpecdecError, TimeoutError):
+    """The caller's deadline passed before the generation finished (gRPC DEADLINE_EXCEEDED)."""
+
+
+class Cancelled(SpecdecError):
+    """The call was cancelled (gRPC CANCELLED)."""
+
+
+class ServerError(SpecdecError):
+    """Any other failure reported by a server (gRPC INTERNAL, UNKNOWN, ...)."""

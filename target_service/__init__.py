@@ -1,1 +1,1 @@
-"""target_service: thin gRPC server (see DESIGN.md); lands with the serving issue."""
+"""The target worker: owns every sequence (committed tokens, KV cache, version) and verifies drafts."""

@@ -3,14 +3,17 @@ from __future__ import annotations
 
 from specdec.errors import InvalidArgument
 
-DRAFTERS = ("none", "ngram", "draft")
+DRAFTERS = ("none", "ngram", "draft", "medusa", "eagle")
 
 # Options each drafter accepts through Engine.from_pretrained(**drafter_options).
 DRAFTER_OPTIONS = {
     "none": set(),
     "ngram": {"max_ngram", "min_ngram", "num_branches"},
-    "draft": {"tree_width"},
+    "draft": {"tree_width", "q_top_n"},
+    "medusa": {"num_nodes"},
+    "eagle": {"num_nodes", "top_k", "depth"},
 }
+TRAINED_DRAFTERS = ("draft", "medusa", "eagle")  # take a trained checkpoint dir (draft=PATH)
 
 
 def build_drafter(name: str, target, draft_path, options: dict, dtype):
@@ -21,19 +24,27 @@ def build_drafter(name: str, target, draft_path, options: dict, dtype):
     if unknown:
         valid = ", ".join(sorted(DRAFTER_OPTIONS[name])) or "none"
         raise InvalidArgument(f"drafter {name!r} takes no option {', '.join(sorted(unknown))} (valid: {valid})")
-    if draft_path is not None and name != "draft":
-        raise InvalidArgument(f"a draft model path was given but drafter is {name!r}; use drafter='draft'")
+    if draft_path is not None and name not in TRAINED_DRAFTERS:
+        raise InvalidArgument(f"a draft checkpoint path was given but drafter is {name!r}; "
+                              f"use one of {', '.join(TRAINED_DRAFTERS)}")
     if name == "none":
         return None
     if name == "ngram":
         from specdec.drafters.ngram import NgramConfig, NgramDrafter
 
         return NgramDrafter(NgramConfig(**options))
+    if name in ("medusa", "eagle"):
+        from specdec.drafters.trained import build_self_drafter
+
+        return build_self_drafter(name, target, draft_path, options)
     from specdec.drafters.draft_model import DraftModelConfig, DraftModelDrafter
+    from specdec.drafters.trained import shipped_checkpoint
     from specdec.models.loader import load_model, random_draft_path
     from specdec.models.runner import ModelRunner
 
-    draft = load_model(draft_path if draft_path is not None else random_draft_path(target), dtype)
+    if draft_path is None:  # the shipped distilled draft for the embedded target, else a random stand-in
+        draft_path = shipped_checkpoint("draft", target) or random_draft_path(target)
+    draft = load_model(draft_path, dtype)
     if draft.model.config.vocab_size != target.model.config.vocab_size:
         raise InvalidArgument(f"draft vocabulary ({draft.model.config.vocab_size}) differs from the target's "
                               f"({target.model.config.vocab_size}); the draft must share the target's tokenizer")

@@ -24,24 +24,41 @@ from specdec.models.runner import ModelRunner
 @dataclass(frozen=True)
 class DraftModelConfig:
     tree_width: int = 1  # 1 = a chain; w > 1 = w children per expanded node, the best w nodes expanded per level
+    q_top_n: int = 0  # sampling: 0 = draw from the full q; N = draw from q truncated to its top N, renormalised
 
     def __post_init__(self) -> None:
         if self.tree_width < 1:
             raise InvalidArgument(f"tree_width must be >= 1, got {self.tree_width}")
+        if self.q_top_n < 0:
+            raise InvalidArgument(f"q_top_n must be >= 0 (0 = no truncation), got {self.q_top_n}")
 
 
-def pick_children(logits: torch.Tensor, width: int, params: SamplingParams, generator: torch.Generator | None
-                  ) -> list[tuple[int, torch.Tensor | None, float]]:
+def truncate_top_n(q: torch.Tensor, top_n: int) -> torch.Tensor:
+    """q [vocab] restricted to its top_n entries and renormalised (0 or >= vocab: q unchanged).
+
+    A drafter that sends only N entries of q over the wire must also sample from exactly this.
+    """
+    if top_n <= 0 or top_n >= q.shape[-1]:
+        return q
+    top = torch.topk(q, top_n)
+    out = torch.zeros_like(q)
+    out[top.indices] = top.values / top.values.sum()
+    return out
+
+
+def pick_children(logits: torch.Tensor, width: int, params: SamplingParams, generator: torch.Generator | None,
+                  top_n: int = 0) -> list[tuple[int, torch.Tensor | None, float]]:
     """(token, q row, log-prob) for up to `width` children of one node; logits: [vocab].
 
     Greedy: the top-width tokens, q = None (one-hot). Sampling: `width` draws without replacement,
-    each row's q being the distribution it was really drawn from (earlier picks zeroed, renormalised).
+    each row's q being the distribution it was really drawn from (earlier picks zeroed, renormalised;
+    with top_n > 0 the warped distribution is first truncated to its top_n entries).
     """
     if params.greedy:
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         top = torch.topk(logprobs, width)
         return [(int(t), None, float(lp)) for lp, t in zip(top.values, top.indices)]
-    q = warp(logits, params)
+    q = truncate_top_n(warp(logits, params), top_n)
     children = []
     for _ in range(width):
         token = sample(q, generator)
@@ -82,7 +99,7 @@ class DraftModelSession:
         logits = self._sync(context_ids)
         tokens, qs = [], []
         for i in range(num_tokens):
-            (token, q, _), = pick_children(logits, 1, params, generator)
+            (token, q, _), = pick_children(logits, 1, params, generator, self.config.q_top_n)
             tokens.append(token)
             if q is not None:
                 qs.append(q)
@@ -102,7 +119,7 @@ class DraftModelSession:
             new_nodes = []
             for parent, logits in frontier:
                 base = scores[parent] if parent >= 0 else 0.0
-                for token, q, logprob in pick_children(logits, width, params, generator):
+                for token, q, logprob in pick_children(logits, width, params, generator, self.config.q_top_n):
                     new_nodes.append(len(tokens))
                     tokens.append(token)
                     parents.append(parent)

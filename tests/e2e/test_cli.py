@@ -69,8 +69,7 @@ def test_serve_config_file(tmp_path, tiny_models, reference):
     config = tmp_path / "stack.yaml"
     config.write_text(f"router: {{max_queue: 2}}\n"
                       f"targets:\n  - {{model: {tiny_models['target']}, dtype: float32, num_threads: 1}}\n"
-                      f"drafts:\n  - {{drafter: draft, model: {tiny_models['draft']}, "
-                      f"target_model: {tiny_models['target']}, dtype: float32, num_threads: 1}}\n")
+                      f"drafts:\n  - {{drafter: ngram, target_model: {tiny_models['target']}}}\n")
     process, address = serve(["--config", str(config)])
     try:
         out = generate_json(address, "Hello", "--max-new-tokens", "20")
@@ -78,5 +77,5 @@ def test_serve_config_file(tmp_path, tiny_models, reference):
                              capture_output=True, text=True, env=ENV, timeout=60)
     finally:
         stop(process)
-    assert out["token_ids"] == reference("draft", "Hello", SamplingParams(max_new_tokens=20)).token_ids
+    assert out["token_ids"] == reference("ngram", "Hello", SamplingParams(max_new_tokens=20)).token_ids
     assert bad.returncode == 2 and "prompt is empty" in bad.stderr

@@ -11,14 +11,14 @@ from specdec.client import Client
 from specdec.core.types import SamplingParams
 from specdec.rpc.convert import params_to_pb
 from specdec.rpc.v1 import common_pb2, target_pb2, target_pb2_grpc
-from specdec.serving_config import TargetConfig
+from specdec.serving_config import StackConfig, TargetConfig
 
 pytestmark = pytest.mark.e2e
 Refusal = target_pb2.Refusal
 
 
 def test_killing_the_draft_worker_mid_request(tiny_models, reference):
-    params = SamplingParams(max_new_tokens=600, ignore_eos=True)
+    params = SamplingParams(max_new_tokens=300, ignore_eos=True)
     prompt = [11, 22, 33, 44, 11, 22]
     expected = reference("draft", prompt, params).token_ids
     with running_stack(stack_config(tiny_models, "draft")) as stack, Client(stack.address) as client:
@@ -28,7 +28,7 @@ def test_killing_the_draft_worker_mid_request(tiny_models, reference):
             if not killed and len(token_ids) >= 20:
                 stack.drafts[0].kill()
                 killed = True
-        assert killed and 20 <= len(token_ids) - len(chunk.token_ids) < 600  # it was killed mid-request
+        assert killed and 20 <= len(token_ids) - len(chunk.token_ids) < 300  # it was killed mid-request
         assert token_ids == expected
         assert chunk.output.token_ids == expected
         # and the router serves on without the dead draft worker
@@ -107,3 +107,17 @@ def test_stale_and_malformed_drafts_are_refused(tiny_models, reference):
             assert list(stub.GetWorkerInfo(common_pb2.WorkerInfoRequest(), timeout=10).sequence_ids) == []
         finally:
             drafter.close()
+
+
+def test_self_drafting_target_needs_no_draft_worker(tiny_models, reference):
+    """A target that drafts for itself (here a draft model; Medusa / EAGLE heads run the same way)."""
+    target = TargetConfig(model=str(tiny_models["target"]), dtype="float32", num_threads=1, drafter="draft",
+                          draft=str(tiny_models["draft"]))
+    config = StackConfig(targets=(target,), drafts=(), ready_timeout_s=120)
+    prompt, params = [5, 17, 99, 3, 5, 17, 99, 3, 5, 17], SamplingParams(max_new_tokens=40, ignore_eos=True)
+    with running_stack(config) as stack, Client(stack.address) as client:
+        out = client.generate(prompt, params, timeout_s=60)
+        info = client.server_info()
+    assert info.targets[0].info.drafter == "draft" and not info.drafts
+    assert out.token_ids == reference("draft", prompt, params).token_ids
+    assert out.stats.num_draft_tokens > 0

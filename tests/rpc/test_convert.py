@@ -117,3 +117,20 @@ def test_yaml_deployment(tmp_path):
     path.write_text("router: {colour: blue}\n")
     with pytest.raises(errors.InvalidArgument, match="colour"):
         load_stack_config(path)
+
+
+def test_example_deployment_loads():
+    from pathlib import Path
+
+    config = load_stack_config(Path(__file__).resolve().parents[2] / "deploy" / "configs" / "local.yaml")
+    assert config.drafts[0].drafter == "ngram" and config.targets[0].model is None
+
+
+def test_router_and_client_import_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, router.server, specdec.client, specdec.commands.serve, specdec.commands.generate; "
+            "print('torch' in sys.modules or 'transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr

@@ -1,0 +1,96 @@
+"""gRPC servicer of the draft worker: converts messages and calls DraftWorker, nothing more."""
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+
+from specdec.rpc.convert import params_from_pb
+from specdec.rpc.server import run_until_signalled, start_server
+from specdec.rpc.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+from specdec.serving_config import DraftConfig, add_config_args, config_from_args
+from draft_service.worker import DraftWorker
+
+
+class DraftServicer(draft_pb2_grpc.DraftWorkerServicer):
+    def __init__(self, worker: DraftWorker, model_path: str, vocab_size: int):
+        self.worker = worker
+        self.model_path, self.vocab_size = model_path, vocab_size
+
+    def Attach(self, request, context):
+        self.worker.attach(request.sequence_id, request.target_address, list(request.prompt_ids),
+                           params_from_pb(request.params), request.timeout_s)
+        return draft_pb2.AttachResponse()
+
+    def Release(self, request, context):
+        return common_pb2.ReleaseResponse(released=self.worker.release(request.sequence_id))
+
+    def GetWorkerInfo(self, request, context):
+        ids, served = self.worker.info()
+        return common_pb2.WorkerInfo(kind="draft", model_path=self.model_path, vocab_size=self.vocab_size,
+                                     sequence_ids=ids, drafter=self.worker.config.drafter, num_served=served)
+
+
+def build_drafter(config: DraftConfig):
+    """(drafter, model path, vocab size). The draft model is loaded without its target: only the
+    target's config.json is read, to check that the vocabularies agree."""
+    if config.drafter == "ngram":
+        from specdec.drafters.ngram import NgramConfig, NgramDrafter
+
+        return NgramDrafter(NgramConfig(num_branches=config.tree_width)), "", 0
+    from transformers import AutoConfig, AutoTokenizer
+
+    from specdec.drafters.draft_model import DraftModelConfig, DraftModelDrafter
+    from specdec.errors import InvalidArgument
+    from specdec.models.loader import load_model, pick_dtype, random_draft_path, resolve_path
+    from specdec.models.runner import ModelRunner
+
+    target_dir = resolve_path(config.target_model)
+    target_config = AutoConfig.from_pretrained(target_dir, local_files_only=True)
+    path = config.model
+    if path is None:
+        path = _shipped_draft(target_dir)
+    if path is None:  # random_draft_path reads only model.config and tokenizer
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
+        except (OSError, ValueError, TypeError):
+            tokenizer = None
+        path = random_draft_path(SimpleNamespace(model=SimpleNamespace(config=target_config), tokenizer=tokenizer))
+    draft = load_model(path, pick_dtype(config.dtype))
+    if draft.model.config.vocab_size != target_config.vocab_size:
+        raise InvalidArgument(f"draft vocabulary ({draft.model.config.vocab_size}) differs from the target's "
+                              f"({target_config.vocab_size})")
+    drafter = DraftModelDrafter(ModelRunner(draft.model),
+                                DraftModelConfig(tree_width=config.tree_width, q_top_n=config.q_top_n))
+    return drafter, str(Path(path)), draft.model.config.vocab_size
+
+
+def _shipped_draft(target_dir: Path) -> Path | None:
+    """The distilled draft shipped for the embedded target, as the in-process engine picks it."""
+    try:
+        from specdec.drafters.trained import shipped_checkpoint
+    except ImportError:
+        return None
+    return shipped_checkpoint("draft", SimpleNamespace(path=target_dir))
+
+
+def serve(config: DraftConfig) -> int:
+    import torch
+
+    if config.num_threads > 0:
+        torch.set_num_threads(config.num_threads)
+    drafter, model_path, vocab_size = build_drafter(config)
+    worker = DraftWorker(drafter, config)
+    servicer = DraftServicer(worker, model_path, vocab_size)
+    running = start_server(lambda s: draft_pb2_grpc.add_DraftWorkerServicer_to_server(servicer, s),
+                           ["specdec.v1.DraftWorker"], config.port)
+    return run_until_signalled(running, "draft", on_stop=worker.stop)
+
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING)
+    parser = argparse.ArgumentParser(prog="python -m draft_service")
+    add_config_args(parser, DraftConfig)
+    return serve(config_from_args(parser.parse_args(argv), DraftConfig))

@@ -1,0 +1,233 @@
+"""The draft worker: one drafting thread serving many sequences, pipelined.
+
+Per sequence it mirrors the committed context and version from the target's commits. After sending
+the draft for version v it at once drafts for version v+1 *assuming* step v accepts the path of
+first children plus the drafter's own guess of the bonus token (`prepared`). When the commit for v
+says exactly that, the prepared draft goes out with no drafting latency; otherwise it is thrown
+away and a fresh draft is built on what was committed. A stale refusal carries the target's whole
+context, from which the session resynchronises (drafter sessions keep the matching prefix of their
+state), so a late join, a missed commit or a restart all take the same path.
+
+Pipelining never changes the output distribution: a prepared draft is used only when its assumed
+context is the committed one, and its tokens were drawn from q given exactly that context.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec.adaptive import AdaptiveConfig, SpeculationController
+from specdec.core.sampling import make_generator
+from specdec.core.tree import DraftTree
+from specdec.core.types import SamplingParams
+from specdec.rpc.trees import tree_to_pb
+from specdec.rpc.v1 import target_pb2
+from specdec.serving_config import DraftConfig
+from draft_service.link import TargetLink
+
+log = logging.getLogger(__name__)
+Refusal = target_pb2.Refusal
+
+
+def first_path(tree: DraftTree) -> list[int]:
+    """Tokens along the first child of every node from the root: what 'all accepted' means for a tree."""
+    path, node = [], -1
+    while True:
+        child = next((i for i, p in enumerate(tree.parent_ids) if p == node), None)
+        if child is None:
+            return path
+        path.append(tree.token_ids[child])
+        node = child
+
+
+def split_first(tree: DraftTree) -> tuple[int, DraftTree]:
+    """(node 0's token, the subtree under node 0 re-rooted): a guess plus a draft continuing it."""
+    keep = [0]
+    for i in range(1, tree.num_nodes):
+        if tree.parent_ids[i] in keep:
+            keep.append(i)
+    nodes = keep[1:]
+    index = {node: i for i, node in enumerate(nodes)}
+    parents = tuple(-1 if tree.parent_ids[n] == 0 else index[tree.parent_ids[n]] for n in nodes)
+    q = tree.q[nodes] if tree.q is not None and nodes else None
+    return tree.token_ids[0], DraftTree(tuple(tree.token_ids[n] for n in nodes), parents, q)
+
+
+@dataclass
+class DraftSeq:
+    seq_id: str
+    link: TargetLink
+    params: SamplingParams
+    context: list[int]
+    session: object
+    controller: SpeculationController
+    generator: torch.Generator | None
+    deadline: float
+    prompt_len: int = 0
+    version: int = 0
+    synced_at: float = field(default_factory=time.monotonic)  # when we learned the current version
+    sent: tuple[int, int, float] | None = None  # (version, depth, synced_at) of the last draft sent
+    prepared: tuple[list[int], DraftTree] | None = None  # (assumed commit, draft for the version after it)
+    num_drafts: int = field(default=0)
+
+    def budget(self, config: DraftConfig, ahead: int = 0) -> int:
+        """Draft depth for the next step, `ahead` tokens past the committed context."""
+        remaining = self.params.max_new_tokens - (len(self.context) - self.prompt_len) - ahead
+        k = self.controller.num_tokens() if config.adaptive else config.num_speculative_tokens
+        return max(0, min(k, remaining - 1))
+
+
+class DraftWorker:
+    def __init__(self, drafter, config: DraftConfig):
+        self.drafter = drafter
+        self.config = config
+        self.lock = threading.Lock()
+        self.seqs: dict[str, DraftSeq] = {}
+        self.links: dict[str, TargetLink] = {}
+        self.events: queue.Queue = queue.Queue()
+        self.num_served = 0
+        self.thread = threading.Thread(target=self._loop, name="drafting", daemon=True)
+        self.thread.start()
+
+    # -- calls from the servicer and the links ------------------------------------------------
+    def attach(self, seq_id: str, target: str, prompt_ids: list[int], params: SamplingParams, timeout_s: float):
+        with self.lock:
+            link = self.links.get(target)
+            if link is None or not link.alive:
+                link = self.links[target] = TargetLink(target, self._on_message, self._on_lost)
+            controller = SpeculationController(AdaptiveConfig(self.config.num_speculative_tokens, self.config.adaptive))
+            self.seqs[seq_id] = DraftSeq(
+                seq_id, link, params, list(prompt_ids), self.drafter.new_session(), controller,
+                None if params.greedy else make_generator(None),
+                time.monotonic() + timeout_s if timeout_s > 0 else float("inf"), prompt_len=len(prompt_ids))
+        self.events.put(("start", seq_id))
+
+    def release(self, seq_id: str) -> bool:
+        with self.lock:
+            found = self.seqs.pop(seq_id, None) is not None
+            self.num_served += found
+            return found
+
+    def info(self) -> tuple[list[str], int]:
+        with self.lock:
+            return sorted(self.seqs), self.num_served
+
+    def stop(self) -> None:
+        self.events.put(None)
+        with self.lock:
+            for link in self.links.values():
+                link.close()
+
+    def _on_message(self, link: TargetLink, message: target_pb2.VerifyMessage) -> None:
+        self.events.put(("message", message))
+
+    def _on_lost(self, link: TargetLink) -> None:
+        with self.lock:
+            if self.links.get(link.address) is link:
+                del self.links[link.address]
+            for seq_id in [s for s, seq in self.seqs.items() if seq.link is link]:
+                del self.seqs[seq_id]
+                self.num_served += 1
+
+    # -- the drafting thread ------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            event = self.events.get()
+            if event is None:
+                return
+            kind, payload = event
+            seq_id = payload if kind == "start" else payload.sequence_id
+            with self.lock:
+                seq = self.seqs.get(seq_id)
+                expired = [s for s, q in self.seqs.items() if q.deadline < time.monotonic()]
+            for s in expired:
+                self.release(s)
+            if seq is None or seq_id in expired:
+                continue
+            try:
+                if kind == "start":
+                    self._send_fresh(seq)
+                elif payload.HasField("commit"):
+                    self._on_commit(seq, payload.commit)
+                else:
+                    self._on_refusal(seq, payload.refusal)
+            except Exception:  # noqa: BLE001 - a drafting bug costs this sequence its drafts, nothing more
+                log.exception("drafting failed for %s", seq_id)
+                self.release(seq_id)
+
+    def _on_commit(self, seq: DraftSeq, commit: target_pb2.Commit) -> None:
+        if commit.finish_reason:
+            self.release(seq.seq_id)
+            return
+        if commit.version <= seq.version:
+            return  # already known from a refusal's context
+        if commit.version != seq.version + 1:  # we missed a commit: ask for the state
+            seq.prepared = None
+            self._send(seq, DraftTree.empty())
+            return
+        tokens = list(commit.token_ids)
+        seq.context.extend(tokens)
+        seq.version = commit.version
+        verified = seq.sent is not None and seq.sent[0] == commit.version - 1 and (
+            commit.num_drafted > 0 or seq.sent[1] == 0)  # else the target stepped without our draft
+        if verified:
+            depth = seq.sent[1]
+            # the step's cost on the critical path: from learning version v - 1 to learning v
+            seq.controller.record(depth, min(commit.num_accepted, depth), time.monotonic() - seq.sent[2])
+        seq.synced_at = time.monotonic()
+        prepared, seq.prepared = seq.prepared, None
+        if prepared is not None and prepared[0] == tokens:
+            self._send(seq, prepared[1])
+            self._prepare(seq, prepared[1])
+        else:
+            self._send_fresh(seq)
+
+    def _on_refusal(self, seq: DraftSeq, refusal: target_pb2.Refusal) -> None:
+        if refusal.kind == Refusal.STALE and refusal.current_version <= seq.version:
+            return  # a commit already brought us there (and we drafted on it)
+        seq.prepared = None
+        if refusal.kind == Refusal.STALE:
+            seq.context, seq.version = list(refusal.context_ids), refusal.current_version
+            seq.synced_at = time.monotonic()
+            self._send_fresh(seq)
+        elif refusal.kind == Refusal.UNKNOWN_SEQUENCE:
+            self.release(seq.seq_id)
+        else:  # malformed: a drafter bug; the target decodes on alone and the next commit restarts us
+            log.warning("draft for %s refused: %s", seq.seq_id, refusal.reason)
+
+    def _send_fresh(self, seq: DraftSeq) -> None:
+        k = seq.budget(self.config)
+        tree = self._propose(seq, seq.context, k)
+        self._send(seq, tree)
+        self._prepare(seq, tree)
+
+    def _prepare(self, seq: DraftSeq, sent: DraftTree) -> None:
+        """Pipelining: draft for the next version assuming `sent` is accepted along its first path."""
+        if not self.config.pipeline:
+            return
+        path = first_path(sent)
+        k = seq.budget(self.config, ahead=len(path) + 1)
+        # the prepared draft is used only if the whole path and the guessed bonus are accepted
+        if k <= 0 or seq.controller.alpha ** (len(path) + 1) < self.config.pipeline_min_hit:
+            return
+        ahead = self._propose(seq, seq.context + path, k + 1)
+        if ahead.num_nodes == 0:
+            return
+        guess, tree = split_first(ahead)
+        seq.prepared = (path + [guess], tree)
+
+    def _propose(self, seq: DraftSeq, context: list[int], k: int) -> DraftTree:
+        if k <= 0:
+            return DraftTree.empty()
+        return seq.session.propose(context, k, seq.params, seq.generator)
+
+    def _send(self, seq: DraftSeq, tree: DraftTree) -> None:
+        depth = len(first_path(tree)) if tree.num_nodes else 0
+        seq.sent = (seq.version, depth, seq.synced_at)
+        seq.num_drafts += 1
+        seq.link.send(target_pb2.DraftMessage(sequence_id=seq.seq_id, version=seq.version, tree=tree_to_pb(tree)))

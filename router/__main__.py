@@ -1,0 +1,5 @@
+import sys
+
+from router.server import main
+
+sys.exit(main())

@@ -1,0 +1,50 @@
+"""Worker choice: the healthy worker with the fewest sequences assigned by this router.
+
+A worker whose call fails with UNAVAILABLE is benched for `bench_s` and then tried again, so a
+restarted worker rejoins without anyone telling the router.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from specdec.rpc.server import channel_options
+
+
+@dataclass
+class Worker:
+    address: str
+    stub: object
+    num_assigned: int = 0
+    benched_until: float = 0.0
+
+    @property
+    def healthy(self) -> bool:
+        return time.monotonic() >= self.benched_until
+
+
+class WorkerPool:
+    def __init__(self, addresses: tuple[str, ...], stub_cls, bench_s: float = 5.0):
+        self.lock = threading.Lock()
+        self.bench_s = bench_s
+        self.workers = [Worker(a, stub_cls(grpc.insecure_channel(a, options=channel_options()))) for a in addresses]
+
+    def acquire(self) -> Worker | None:
+        with self.lock:
+            healthy = [w for w in self.workers if w.healthy]
+            if not healthy:
+                return None
+            worker = min(healthy, key=lambda w: w.num_assigned)
+            worker.num_assigned += 1
+            return worker
+
+    def release(self, worker: Worker) -> None:
+        with self.lock:
+            worker.num_assigned -= 1
+
+    def bench(self, worker: Worker) -> None:
+        with self.lock:
+            worker.benched_until = time.monotonic() + self.bench_s

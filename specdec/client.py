@@ -1,0 +1,141 @@
+"""Client SDK for a running router: sync (`Client`) and asyncio (`AsyncClient`), streaming or not.
+
+    from specdec.client import Client
+    with Client("127.0.0.1:50051") as client:
+        for chunk in client.stream("Write a haiku", SamplingParams(max_new_tokens=32)):
+            print(chunk.text, end="")
+        out = client.generate([1, 2, 3])          # GenerationOutput, as Engine.generate returns
+
+Errors come back as the specdec error of their status (InvalidArgument, ResourceExhausted,
+DeadlineExceeded, ...). No torch is imported.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import AsyncIterator, Iterator
+
+import grpc
+
+from specdec.core.types import GenerationOutput, SamplingParams
+from specdec.rpc.convert import params_to_pb, prompt_to_pb, stats_from_pb
+from specdec.rpc.server import channel_options
+from specdec.rpc.status import to_exception
+from specdec.rpc.v1 import generation_pb2, generation_pb2_grpc
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    """One streamed step (like the engine's StreamEvent); the last one carries `output`."""
+
+    text: str
+    token_ids: list[int]
+    output: GenerationOutput | None = None
+
+
+def _request(prompt, params: SamplingParams | None, chat: bool) -> generation_pb2.GenerateRequest:
+    request = generation_pb2.GenerateRequest(chat=chat, params=params_to_pb(params or SamplingParams()))
+    prompt_to_pb(request, prompt)
+    return request
+
+
+def _chunk(response: generation_pb2.GenerateResponse, token_ids: list[int]) -> StreamChunk:
+    ids = list(response.token_ids)
+    token_ids.extend(ids)
+    output = None
+    if response.HasField("final"):
+        final = response.final
+        output = GenerationOutput(list(token_ids), final.text, stats_from_pb(final.stats), final.finish_reason,
+                                  list(final.prompt_token_ids))
+    return StreamChunk(response.text, ids, output)
+
+
+class Client:
+    def __init__(self, address: str):
+        self.channel = grpc.insecure_channel(address, options=channel_options())
+        self.stub = generation_pb2_grpc.GenerationStub(self.channel)
+
+    def stream(self, prompt, params: SamplingParams | None = None, chat: bool = False,
+               timeout_s: float | None = None) -> Iterator[StreamChunk]:
+        """Yields chunks as the router streams them; closing the iterator cancels the request."""
+        call = self.stub.Generate(_request(prompt, params, chat), timeout=timeout_s)
+        token_ids: list[int] = []
+        try:
+            for response in call:
+                yield _chunk(response, token_ids)
+        except grpc.RpcError as exc:
+            raise to_exception(exc) from None
+        finally:
+            call.cancel()
+
+    def generate(self, prompt, params: SamplingParams | None = None, chat: bool = False,
+                 timeout_s: float | None = None) -> GenerationOutput:
+        for chunk in self.stream(prompt, params, chat, timeout_s):
+            if chunk.output is not None:
+                return chunk.output
+        raise _missing_final()
+
+    def server_info(self, timeout_s: float = 10.0) -> generation_pb2.ServerInfo:
+        try:
+            return self.stub.GetServerInfo(generation_pb2.GetServerInfoRequest(), timeout=timeout_s)
+        except grpc.RpcError as exc:
+            raise to_exception(exc) from None
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        grpc.channel_ready_future(self.channel).result(timeout=timeout_s)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class AsyncClient:
+    """The same calls for asyncio (grpc.aio); create it inside a running event loop."""
+
+    def __init__(self, address: str):
+        self.channel = grpc.aio.insecure_channel(address, options=channel_options())
+        self.stub = generation_pb2_grpc.GenerationStub(self.channel)
+
+    async def stream(self, prompt, params: SamplingParams | None = None, chat: bool = False,
+                     timeout_s: float | None = None) -> AsyncIterator[StreamChunk]:
+        call = self.stub.Generate(_request(prompt, params, chat), timeout=timeout_s)
+        token_ids: list[int] = []
+        try:
+            async for response in call:
+                yield _chunk(response, token_ids)
+        except grpc.RpcError as exc:
+            raise to_exception(exc) from None
+        finally:
+            call.cancel()
+
+    async def generate(self, prompt, params: SamplingParams | None = None, chat: bool = False,
+                       timeout_s: float | None = None) -> GenerationOutput:
+        async for chunk in self.stream(prompt, params, chat, timeout_s):
+            if chunk.output is not None:
+                return chunk.output
+        raise _missing_final()
+
+    async def server_info(self, timeout_s: float = 10.0) -> generation_pb2.ServerInfo:
+        try:
+            return await self.stub.GetServerInfo(generation_pb2.GetServerInfoRequest(), timeout=timeout_s)
+        except grpc.RpcError as exc:
+            raise to_exception(exc) from None
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+def _missing_final():
+    from specdec.errors import ServerError
+
+    return ServerError("the stream ended without a final message")

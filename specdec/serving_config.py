@@ -1,0 +1,159 @@
+"""Configs of the serving processes, one frozen dataclass per component, and the YAML deployment file.
+
+Each process gets only its own config. The same dataclasses define the command-line flags of
+`specdec serve router|draft|target` (field `draft_wait_s` -> `--draft-wait-s`), so a YAML file, the
+flags and the launcher that spawns workers can never disagree about a name.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specdec.errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    model: str | None = None  # checkpoint dir; None = the embedded SmolLM2-135M-Instruct
+    dtype: str = "auto"
+    port: int = 0  # 0 = any free port (printed on the ready line)
+    # How long a step waits for a live drafter's draft before decoding alone. Generous: the drafter's
+    # own controller decides when drafting does not pay (it then sends an empty draft at once), and a
+    # dead drafter is noticed at once through its stream; this only bounds a hung one.
+    draft_wait_s: float = 2.0
+    max_missed_drafts: int = 2  # after this many waits in a row without a draft, stop waiting
+    max_tree_nodes: int = 64
+    max_sequences: int = 64
+    num_threads: int = 0  # torch intra-op threads; 0 = torch's default
+    # Drafting inside the target (sequences then need no draft worker): none | ngram | draft | medusa |
+    # eagle. Medusa and EAGLE heads read the target's features, so they can only run here.
+    drafter: str = "none"
+    draft: str | None = None  # trained checkpoint dir of that drafter (None = the shipped one, if any)
+    num_speculative_tokens: int = 8
+    adaptive: bool = True
+
+    def __post_init__(self) -> None:
+        if self.draft_wait_s < 0 or self.max_missed_drafts < 0 or self.max_tree_nodes < 1 or self.max_sequences < 1:
+            raise InvalidArgument(f"invalid target config {self}")
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    drafter: str = "ngram"  # ngram | draft
+    model: str | None = None  # draft checkpoint dir (drafter draft); None = a random stand-in
+    target_model: str | None = None  # the target's dir, to check the vocabulary (None = embedded)
+    dtype: str = "auto"
+    port: int = 0
+    num_speculative_tokens: int = 8
+    adaptive: bool = True
+    pipeline: bool = True  # draft step n+1 while the target verifies step n
+    pipeline_min_hit: float = 0.3  # ... when the estimated chance that step n is accepted whole is at least this
+    tree_width: int = 1  # branches per level (1 = chain)
+    q_top_n: int = 32  # sampling: draw from the top-N renormalised q and send only those N entries
+    num_threads: int = 0
+
+    def __post_init__(self) -> None:
+        if self.drafter not in ("ngram", "draft"):
+            raise InvalidArgument(f"drafter must be ngram or draft, got {self.drafter!r}")
+        if (self.num_speculative_tokens < 1 or self.tree_width < 1 or self.q_top_n < 0
+                or not 0.0 <= self.pipeline_min_hit <= 1.0):
+            raise InvalidArgument(f"invalid draft config {self}")
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    port: int = 0
+    targets: tuple[str, ...] = ()  # host:port of target workers
+    drafts: tuple[str, ...] = ()  # host:port of draft workers (none = targets decode alone)
+    tokenizer: str | None = None  # dir with tokenizer.json; None = the first target's model dir
+    max_active: int = 8  # generations running at once
+    max_queue: int = 32  # generations waiting; beyond: RESOURCE_EXHAUSTED
+    worker_timeout_s: float = 10.0  # unary calls to workers (admission waits for prefill)
+
+    def __post_init__(self) -> None:
+        if self.max_active < 1 or self.max_queue < 0 or self.worker_timeout_s <= 0:
+            raise InvalidArgument(f"invalid router config {self}")
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """A deployment: one router plus workers (what `specdec serve --config FILE` starts)."""
+
+    router: RouterConfig = RouterConfig()
+    targets: tuple[TargetConfig, ...] = (TargetConfig(),)
+    drafts: tuple[DraftConfig, ...] = (DraftConfig(),)
+    ready_timeout_s: float = 300.0
+
+
+def _build(cls, data, where: str):
+    if data is None:
+        return cls()
+    if not isinstance(data, dict):
+        raise InvalidArgument(f"{where} must be a mapping, got {type(data).__name__}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        raise InvalidArgument(f"{where}: unknown keys {', '.join(sorted(unknown))} (valid: {', '.join(sorted(names))})")
+    data = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+    return cls(**data)
+
+
+def _many(cls, data, where: str) -> tuple:
+    items = data if isinstance(data, list) else [data]
+    return tuple(_build(cls, item, f"{where}[{i}]") for i, item in enumerate(items))
+
+
+def load_stack_config(path: str | Path) -> StackConfig:
+    """Read a YAML deployment: keys router, targets (or target), drafts (or draft), ready_timeout_s."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise InvalidArgument(f"cannot read config {str(path)!r}: {exc}") from exc
+    unknown = set(data) - {"router", "targets", "target", "drafts", "draft", "ready_timeout_s"}
+    if unknown:
+        raise InvalidArgument(f"{path}: unknown keys {', '.join(sorted(unknown))}")
+    targets = data.get("targets", data.get("target"))
+    drafts = data.get("drafts", data.get("draft"))
+    return StackConfig(router=_build(RouterConfig, data.get("router"), "router"),
+                       targets=_many(TargetConfig, targets, "targets") if targets is not None else (TargetConfig(),),
+                       drafts=_many(DraftConfig, drafts, "drafts") if drafts is not None else (DraftConfig(),),
+                       ready_timeout_s=float(data.get("ready_timeout_s", 300.0)))
+
+
+def add_config_args(parser: argparse.ArgumentParser, cls) -> None:
+    """One flag per field: --draft-wait-s, --no-pipeline for booleans that default to True."""
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in ("bool", bool):
+            parser.add_argument(flag, dest=f.name, action="store_true", default=f.default)
+            parser.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_false")
+        elif f.name in ("targets", "drafts"):
+            parser.add_argument(flag, dest=f.name, action="append", default=[], metavar="HOST:PORT")
+        else:
+            kind = {"int": int, "float": float}.get(str(f.type), str)
+            parser.add_argument(flag, dest=f.name, type=kind, default=f.default)
+
+
+def config_from_args(args: argparse.Namespace, cls):
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
+
+def config_to_argv(config) -> list[str]:
+    """The flags that reproduce `config` through add_config_args (for spawning a worker)."""
+    argv = []
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        name = f.name.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(f"--{name}" if value else f"--no-{name}")
+        elif isinstance(value, tuple):
+            for item in value:
+                argv += [f"--{name}", str(item)]
+        elif value is not None:
+            argv += [f"--{name}", str(value)]
+    return argv

@@ -1,0 +1,98 @@
+"""gRPC servicer of the target worker: converts messages and calls TargetWorker, nothing more."""
+from __future__ import annotations
+
+import argparse
+import logging
+import queue
+import threading
+
+import grpc
+
+from specdec.rpc.convert import params_from_pb
+from specdec.rpc.server import run_until_signalled, start_server
+from specdec.rpc.v1 import common_pb2, target_pb2, target_pb2_grpc
+from specdec.serving_config import TargetConfig, add_config_args, config_from_args
+from target_service.worker import DrafterLink, TargetWorker
+
+POLL_S = 0.5  # how often a blocked stream checks that its call is still alive
+
+
+class TargetServicer(target_pb2_grpc.TargetWorkerServicer):
+    def __init__(self, worker: TargetWorker):
+        self.worker = worker
+
+    def Admit(self, request, context):
+        params = params_from_pb(request.params)
+        state = self.worker.admit(request.sequence_id, list(request.prompt_ids), params, request.expect_drafts)
+        context.add_callback(lambda: self.worker.release(request.sequence_id))  # cancel, deadline or end
+        yield target_pb2.Commit(sequence_id=request.sequence_id, version=0, prefill_s=state.seq.prefill_s)
+        yield from _drain(state.outbox, context)
+
+    def Release(self, request, context):
+        return common_pb2.ReleaseResponse(released=self.worker.release(request.sequence_id))
+
+    def Verify(self, request_iterator, context):
+        link = DrafterLink()
+
+        def read() -> None:
+            try:
+                for message in request_iterator:
+                    self.worker.offer_draft(link, message)
+            except grpc.RpcError:
+                pass  # the draft worker went away
+            finally:
+                self.worker.drop_link(link)
+
+        context.add_callback(lambda: self.worker.drop_link(link))
+        threading.Thread(target=read, name="draft-link", daemon=True).start()
+        yield from _drain(link.outbox, context)
+
+    def GetWorkerInfo(self, request, context):
+        ids, served = self.worker.info()
+        engine = self.worker.engine
+        return common_pb2.WorkerInfo(kind="target", model_path=str(engine.target.path),
+                                     vocab_size=engine.runner.vocab_size, max_context_len=engine.max_len,
+                                     sequence_ids=ids, num_served=served,
+                                     max_tree_nodes=self.worker.config.max_tree_nodes,
+                                     drafter="" if engine.drafter is None else self.worker.config.drafter)
+
+
+def _drain(outbox: queue.Queue, context):
+    """Yield queued messages until the None sentinel or the call ends."""
+    while context.is_active():
+        try:
+            item = outbox.get(timeout=POLL_S)
+        except queue.Empty:
+            continue
+        if item is None:
+            return
+        yield item
+
+
+def serve(config: TargetConfig) -> int:
+    import torch
+
+    from specdec.engine import Engine
+    from specdec.models.loader import load_model, pick_dtype
+
+    if config.num_threads > 0:
+        torch.set_num_threads(config.num_threads)
+    from specdec.drafters import build_drafter
+    from specdec.engine import EngineConfig
+
+    dtype = pick_dtype(config.dtype)
+    loaded = load_model(config.model, dtype)
+    engine = Engine(loaded, build_drafter(config.drafter, loaded, config.draft, {}, dtype),
+                    EngineConfig(num_speculative_tokens=config.num_speculative_tokens, adaptive=config.adaptive))
+    worker = TargetWorker(engine, config)
+    running = start_server(lambda s: target_pb2_grpc.add_TargetWorkerServicer_to_server(TargetServicer(worker), s),
+                           ["specdec.v1.TargetWorker"], config.port)
+    return run_until_signalled(running, "target", on_stop=worker.stop)
+
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING)
+    parser = argparse.ArgumentParser(prog="python -m target_service")
+    add_config_args(parser, TargetConfig)
+    return serve(config_from_args(parser.parse_args(argv), TargetConfig))

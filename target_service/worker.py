@@ -1,0 +1,229 @@
+"""The target worker's state and its one decoding thread.
+
+Sequences are driven through `specdec.sequence.Sequence`, the very step the in-process engine uses,
+so greedy output over gRPC equals the engine's token for token. Per sequence the worker keeps at
+most one pending draft, for the current version only: a draft on an older version is refused with
+the committed state (the drafter resynchronises), a malformed one is refused with a reason before
+it can touch the cache. A step runs as soon as its draft is in, or when the drafters have had
+`draft_wait_s` (or none is alive): a dead or slow draft worker costs speed, never correctness.
+
+All forwards run on one thread (`_loop`) under `model_lock`, so torch never runs two at once.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from specdec.core.tree import DraftTree, tree_layout
+from specdec.core.types import SamplingParams
+from specdec.engine import Engine
+from specdec.errors import InvalidArgument, ResourceExhausted
+from specdec.rpc.trees import tree_from_pb
+from specdec.rpc.v1 import target_pb2
+from specdec.sequence import Sequence
+from specdec.serving_config import TargetConfig
+from target_service.self_draft import SelfDraft, open_sequence
+
+log = logging.getLogger(__name__)
+Refusal = target_pb2.Refusal
+
+
+class DrafterLink:
+    """One draft worker's Verify stream, as seen from here: an outbox of VerifyMessages."""
+
+    def __init__(self) -> None:
+        self.outbox: queue.Queue = queue.Queue()
+        self.alive = True
+
+    def send(self, message: target_pb2.VerifyMessage) -> None:
+        if self.alive:
+            self.outbox.put(message)
+
+
+@dataclass
+class SeqState:
+    seq: Sequence
+    expect_drafts: bool
+    outbox: queue.Queue = field(default_factory=queue.Queue)  # Commits for the router; None ends the stream
+    drafters: set = field(default_factory=set)  # live DrafterLinks that sent drafts for this sequence
+    pending: DraftTree | None = None  # validated draft for seq.version
+    version_since: float = field(default_factory=time.monotonic)
+    missed: int = 0  # steps in a row that waited in vain for a draft
+    self_draft: SelfDraft | None = None  # in-target drafting, when the worker has a drafter
+    # The published state, under the worker's lock: seq.version / seq.context move during a step
+    # (outside the lock), so drafts and refusals are judged against this snapshot instead.
+    version: int = 0
+    context_len: int = 0
+
+
+class TargetWorker:
+    def __init__(self, engine: Engine, config: TargetConfig):
+        self.engine = engine
+        self.config = config
+        self.cond = threading.Condition()
+        self.model_lock = threading.Lock()
+        self.seqs: dict[str, SeqState] = {}
+        self.num_served = 0
+        self.stopped = False
+        self.thread = threading.Thread(target=self._loop, name="target-decode", daemon=True)
+        self.thread.start()
+
+    # -- calls from the servicer ------------------------------------------------------------
+    def admit(self, seq_id: str, prompt_ids: list[int], params: SamplingParams, expect_drafts: bool) -> SeqState:
+        prompt_ids = self.engine.encode(prompt_ids)  # validates ids against the vocabulary
+        if len(prompt_ids) + params.max_new_tokens > self.engine.max_len:
+            raise InvalidArgument(f"prompt ({len(prompt_ids)} tokens) plus max_new_tokens ({params.max_new_tokens}) "
+                                  f"exceeds the model's context of {self.engine.max_len} tokens")
+        with self.cond:
+            if seq_id in self.seqs:
+                raise InvalidArgument(f"sequence {seq_id!r} is already admitted")
+            if len(self.seqs) >= self.config.max_sequences:
+                raise ResourceExhausted(f"target holds {len(self.seqs)} sequences, its limit")
+        with self.model_lock:  # prefill
+            seq, self_draft = open_sequence(self.engine, prompt_ids, params)
+        state = SeqState(seq, expect_drafts and self_draft is None, self_draft=self_draft,
+                         version=seq.version, context_len=len(seq.context))
+        with self.cond:
+            self.seqs[seq_id] = state
+            self.cond.notify_all()
+        return state
+
+    def release(self, seq_id: str) -> bool:
+        with self.cond:
+            state = self.seqs.pop(seq_id, None)
+            if state is None:
+                return False
+            self.num_served += 1
+        state.outbox.put(None)
+        return True
+
+    def drop_link(self, link: DrafterLink) -> None:
+        """A draft worker's stream ended: its sequences decode on without it."""
+        with self.cond:
+            link.alive = False
+            for state in self.seqs.values():
+                state.drafters.discard(link)
+            self.cond.notify_all()
+        link.outbox.put(None)
+
+    def offer_draft(self, link: DrafterLink, msg: target_pb2.DraftMessage) -> None:
+        """Queue a draft for verification, or answer the link with a Refusal."""
+        with self.cond:
+            state = self.seqs.get(msg.sequence_id)
+            if state is None:
+                return link.send(_refusal(msg.sequence_id, Refusal.UNKNOWN_SEQUENCE,
+                                          f"no sequence {msg.sequence_id!r} here (finished or released)"))
+            state.drafters.add(link)
+            state.missed = 0  # even a stale draft shows a live drafter: give it the next wait again
+            version, context = state.version, state.seq.context[:state.context_len]
+        kind, reason, tree = Refusal.MALFORMED, "", None
+        if msg.version > version:
+            reason = f"draft built on version {msg.version}, which is from the future: the sequence is at {version}"
+        elif msg.version < version:
+            kind, reason = Refusal.STALE, f"draft built on version {msg.version}; the sequence is at {version}"
+        else:
+            try:
+                tree = tree_from_pb(msg.tree, self.engine.runner.vocab_size, self.config.max_tree_nodes)
+                depth = max(tree_layout(tree.parent_ids).depths)
+                room = self.engine.max_len - len(context) - 1
+                if depth > room:
+                    raise InvalidArgument(f"draft depth {depth} runs past the context limit ({room} positions left)")
+            except InvalidArgument as exc:
+                reason = str(exc)
+        if tree is None:
+            return link.send(_refusal(msg.sequence_id, kind, reason, version, context))
+        with self.cond:
+            if self.seqs.get(msg.sequence_id) is state and state.version == version and state.pending is None:
+                state.pending = tree
+                self.cond.notify_all()
+        return None
+
+    def info(self) -> tuple[list[str], int]:
+        with self.cond:
+            return sorted(self.seqs), self.num_served
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopped = True
+            self.cond.notify_all()
+        self.thread.join(timeout=5.0)
+
+    # -- the decoding thread ------------------------------------------------------------------
+    def _ready(self, state: SeqState, now: float) -> tuple[bool, float]:
+        """(ready to step, seconds until it will be ready if nobody sends a draft)."""
+        if state.pending is not None or state.self_draft is not None:
+            return True, 0.0
+        live = any(link.alive for link in state.drafters)
+        waits = (live or state.expect_drafts) and state.missed < self.config.max_missed_drafts
+        if not waits:
+            return True, 0.0
+        left = state.version_since + self.config.draft_wait_s - now
+        if left <= 0:
+            state.missed += 1
+            return True, 0.0
+        return False, left
+
+    def _pick(self) -> tuple[str, SeqState, DraftTree | None] | None:
+        """The next sequence to step (round robin: the one waiting longest), or None after waiting."""
+        now = time.monotonic()
+        wait_s = 0.5
+        for seq_id, state in sorted(self.seqs.items(), key=lambda kv: kv[1].version_since):
+            ready, left = self._ready(state, now)
+            if ready:
+                tree, state.pending = state.pending, None
+                return seq_id, state, tree
+            wait_s = min(wait_s, left)
+        self.cond.wait(timeout=wait_s)
+        return None
+
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                if self.stopped:
+                    return
+                picked = self._pick()
+            if picked is None:
+                continue
+            seq_id, state, tree = picked
+            try:
+                with self.model_lock:
+                    self_drafted = tree is None and state.self_draft is not None
+                    if self_drafted:
+                        tree, draft_s = state.self_draft.propose(state.seq)
+                    step = state.seq.step(tree if tree is not None else DraftTree.empty())
+                    if self_drafted:
+                        state.self_draft.record(step, draft_s)
+            except Exception:  # noqa: BLE001 - one broken sequence must not stop the others
+                log.exception("verify step failed for %s", seq_id)
+                self.release(seq_id)
+                continue
+            self._publish(seq_id, state, step)
+
+    def _publish(self, seq_id: str, state: SeqState, step) -> None:
+        seq = state.seq
+        commit = target_pb2.Commit(sequence_id=seq_id, version=seq.version, token_ids=step.token_ids,
+                                   text=step.text, num_drafted=step.num_drafted, num_accepted=step.num_accepted,
+                                   verify_s=step.verify_s, finish_reason=seq.finish_reason or "")
+        with self.cond:
+            if self.seqs.get(seq_id) is not state:  # released while stepping
+                return
+            state.version_since = time.monotonic()
+            state.version, state.context_len = seq.version, len(seq.context)
+            state.pending = None  # anything queued during the step was built on the old version
+            for link in state.drafters:
+                link.send(target_pb2.VerifyMessage(sequence_id=seq_id, commit=commit))
+            if seq.finish_reason is not None:
+                del self.seqs[seq_id]
+                self.num_served += 1
+        state.outbox.put(commit)
+        if seq.finish_reason is not None:
+            state.outbox.put(None)
+
+
+def _refusal(seq_id: str, kind: int, reason: str, version: int = 0, context: list[int] = ()
+             ) -> target_pb2.VerifyMessage:
+    return target_pb2.VerifyMessage(sequence_id=seq_id, refusal=Refusal(
+        kind=kind, reason=reason, current_version=version, context_ids=list(context)))
