@@ -26,6 +26,7 @@ class TargetConfig:
     max_missed_drafts: int = 2  # after this many waits in a row without a draft, stop waiting
     max_tree_nodes: int = 64
     max_sequences: int = 64
+    max_batch: int = 8  # ready sequences verified together in one forward (1 = one at a time)
     num_threads: int = 0  # torch intra-op threads; 0 = torch's default
     # Drafting inside the target (sequences then need no draft worker): none | ngram | draft | medusa |
     # eagle. Medusa and EAGLE heads read the target's features, so they can only run here.
@@ -35,7 +36,8 @@ class TargetConfig:
     adaptive: bool = True
 
     def __post_init__(self) -> None:
-        if self.draft_wait_s < 0 or self.max_missed_drafts < 0 or self.max_tree_nodes < 1 or self.max_sequences < 1:
+        if (self.draft_wait_s < 0 or self.max_missed_drafts < 0 or self.max_tree_nodes < 1 or self.max_sequences < 1
+                or self.max_batch < 1):
             raise InvalidArgument(f"invalid target config {self}")
 
 

@@ -54,6 +54,10 @@ class TargetServicer(target_pb2_grpc.TargetWorkerServicer):
                                      vocab_size=engine.runner.vocab_size, max_context_len=engine.max_len,
                                      sequence_ids=ids, num_served=served,
                                      max_tree_nodes=self.worker.config.max_tree_nodes,
+                                     num_verify_forwards=self.worker.num_verify_forwards,
+                                     num_sequence_steps=self.worker.num_sequence_steps,
+                                     max_batch_seen=self.worker.max_batch_seen,
+                                     max_batch=self.worker.config.max_batch,
                                      drafter="" if engine.drafter is None else self.worker.config.drafter)
 
 

@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from specdec.batch import step_batch
 from specdec.core.tree import DraftTree, tree_layout
 from specdec.core.types import SamplingParams
 from specdec.engine import Engine
@@ -67,6 +68,7 @@ class TargetWorker:
         self.model_lock = threading.Lock()
         self.seqs: dict[str, SeqState] = {}
         self.num_served = 0
+        self.num_verify_forwards = self.num_sequence_steps = self.max_batch_seen = 0  # batching figures
         self.stopped = False
         self.thread = threading.Thread(target=self._loop, name="target-decode", daemon=True)
         self.thread.start()
@@ -166,18 +168,21 @@ class TargetWorker:
             return True, 0.0
         return False, left
 
-    def _pick(self) -> tuple[str, SeqState, DraftTree | None] | None:
-        """The next sequence to step (round robin: the one waiting longest), or None after waiting."""
+    def _pick(self) -> list[tuple[str, SeqState, DraftTree | None]]:
+        """Up to max_batch ready sequences (those waiting longest first), or [] after waiting."""
         now = time.monotonic()
         wait_s = 0.5
+        picked = []
         for seq_id, state in sorted(self.seqs.items(), key=lambda kv: kv[1].version_since):
             ready, left = self._ready(state, now)
-            if ready:
+            if ready and len(picked) < self.config.max_batch:
                 tree, state.pending = state.pending, None
-                return seq_id, state, tree
-            wait_s = min(wait_s, left)
-        self.cond.wait(timeout=wait_s)
-        return None
+                picked.append((seq_id, state, tree))
+            elif not ready:
+                wait_s = min(wait_s, left)
+        if not picked:
+            self.cond.wait(timeout=wait_s)
+        return picked
 
     def _loop(self) -> None:
         while True:
@@ -185,22 +190,44 @@ class TargetWorker:
                 if self.stopped:
                     return
                 picked = self._pick()
-            if picked is None:
+            if not picked:
                 continue
-            seq_id, state, tree = picked
-            try:
-                with self.model_lock:
-                    self_drafted = tree is None and state.self_draft is not None
-                    if self_drafted:
+            with self.model_lock:
+                trees, draft_times = [], []
+                for _, state, tree in picked:
+                    draft_s = 0.0
+                    if tree is None and state.self_draft is not None:
                         tree, draft_s = state.self_draft.propose(state.seq)
-                    step = state.seq.step(tree if tree is not None else DraftTree.empty())
-                    if self_drafted:
-                        state.self_draft.record(step, draft_s)
+                    trees.append(tree if tree is not None else DraftTree.empty())
+                    draft_times.append(draft_s)
+                steps = self._step_all(picked, trees)
+            for (seq_id, state, tree), step, draft_s in zip(picked, steps, draft_times):
+                if step is None:
+                    continue
+                if state.self_draft is not None and tree is None:
+                    state.self_draft.record(step, draft_s)
+                self._publish(seq_id, state, step)
+
+    def _step_all(self, picked, trees) -> list:
+        """One batched verify forward; if it fails, each sequence alone, so one bad sequence fails alone."""
+        seqs = [state.seq for _, state, _ in picked]
+        self.num_verify_forwards += 1
+        self.num_sequence_steps += len(seqs)
+        self.max_batch_seen = max(self.max_batch_seen, len(seqs))
+        if len(seqs) > 1:
+            try:
+                return step_batch(self.engine.runner, seqs, trees)
+            except Exception:  # noqa: BLE001
+                log.exception("batched verify failed; stepping sequences one by one")
+        steps = []
+        for (seq_id, state, _), tree in zip(picked, trees):
+            try:
+                steps.append(state.seq.step(tree))
             except Exception:  # noqa: BLE001 - one broken sequence must not stop the others
                 log.exception("verify step failed for %s", seq_id)
                 self.release(seq_id)
-                continue
-            self._publish(seq_id, state, step)
+                steps.append(None)
+        return steps
 
     def _publish(self, seq_id: str, state: SeqState, step) -> None:
         seq = state.seq

@@ -60,6 +60,10 @@ def test_four_concurrent_clients(draft_stack, reference):
         t.join(150)
     for i, prompt in enumerate(prompts):
         assert results[i] == reference("draft", prompt, GREEDY).token_ids
+    with Client(draft_stack.address) as client:  # batching figures of the target worker
+        info = client.server_info().targets[0].info
+    assert info.num_sequence_steps >= info.num_verify_forwards > 0
+    assert 1 <= info.max_batch_seen <= info.max_batch == 8
 
 
 def test_async_client_and_sampling(draft_stack):

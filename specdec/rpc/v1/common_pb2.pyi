@@ -62,7 +62,7 @@ class WorkerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("kind", "model_path", "vocab_size", "max_context_len", "sequence_ids", "drafter", "num_served", "max_tree_nodes")
+    __slots__ = ("kind", "model_path", "vocab_size", "max_context_len", "sequence_ids", "drafter", "num_served", "max_tree_nodes", "num_verify_forwards", "num_sequence_steps", "max_batch_seen", "max_batch")
     KIND_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +71,10 @@ class WorkerInfo(_message.Message):
     DRAFTER_FIELD_NUMBER: _ClassVar[int]
     NUM_SERVED_FIELD_NUMBER: _ClassVar[int]
     MAX_TREE_NODES_FIELD_NUMBER: _ClassVar[int]
+    NUM_VERIFY_FORWARDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SEQUENCE_STEPS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_SEEN_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
     kind: str
     model_path: str
     vocab_size: int
@@ -79,4 +83,8 @@ class WorkerInfo(_message.Message):
     drafter: str
     num_served: int
     max_tree_nodes: int
-    def __init__(self, kind: _Optional[str] = ..., model_path: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context_len: _Optional[int] = ..., sequence_ids: _Optional[_Iterable[str]] = ..., drafter: _Optional[str] = ..., num_served: _Optional[int] = ..., max_tree_nodes: _Optional[int] = ...) -> None: ...
+    num_verify_forwards: int
+    num_sequence_steps: int
+    max_batch_seen: int
+    max_batch: int
+    def __init__(self, kind: _Optional[str] = ..., model_path: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context_len: _Optional[int] = ..., sequence_ids: _Optional[_Iterable[str]] = ..., drafter: _Optional[str] = ..., num_served: _Optional[int] = ..., max_tree_nodes: _Optional[int] = ..., num_verify_forwards: _Optional[int] = ..., num_sequence_steps: _Optional[int] = ..., max_batch_seen: _Optional[int] = ..., max_batch: _Optional[int] = ...) -> None: ...
