@@ -1,0 +1,81 @@
+"""`specdec loadtest`: throughput and latency per concurrency level against a router (or a local stack)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from specdec.errors import InvalidArgument
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("loadtest", help="load-test a router at several concurrency levels")
+    p.add_argument("--server", default=None, metavar="HOST:PORT", help="router address (default: start a local stack)")
+    p.add_argument("--concurrency", default="1,2,4,8,16", help="comma-separated levels")
+    p.add_argument("--requests", type=int, default=16, help="requests per level")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--drafter", choices=("ngram", "draft", "medusa", "eagle"), default="ngram",
+                   help="drafter of the local stack")
+    p.add_argument("--target", default=None, help="target checkpoint dir of the local stack (default: embedded)")
+    p.add_argument("--no-spec", action="store_true", help="local stack without speculation")
+    p.add_argument("--compare", action="store_true", help="local stacks with and without speculation, one after the other")
+    p.add_argument("--plot", default=None, help="write throughput against concurrency as PNG here")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from specdec.core.types import SamplingParams
+    from specdec.loadtest import plot, run_level
+
+    try:
+        levels = [int(c) for c in args.concurrency.split(",")]
+    except ValueError:
+        raise InvalidArgument(f"--concurrency must be comma-separated integers, got {args.concurrency!r}") from None
+    if not levels or min(levels) < 1 or args.requests < 1:
+        raise InvalidArgument("--concurrency levels and --requests must be >= 1")
+    if args.server and args.compare:
+        raise InvalidArgument("--compare starts its own stacks; it cannot be used with --server")
+    params = SamplingParams(max_new_tokens=args.max_new_tokens)
+    configs = [("speculative", False), ("no speculation", True)] if args.compare else [
+        ("no speculation" if args.no_spec else args.drafter, args.no_spec)]
+    runs = {}
+    for label, no_spec in configs:
+        with _stack(args, no_spec) as address:
+            runs[label] = [run_level(address, c, args.requests, params) for c in levels]
+            for result in runs[label]:
+                print(f"[{label}] concurrency {result.concurrency}: {result.output_tokens_per_s:.1f} tok/s, "
+                      f"ttft p50 {result.ttft_p50_s:.2f}s p99 {result.ttft_p99_s:.2f}s, tpot p50 "
+                      f"{result.tpot_p50_s * 1000:.0f}ms p99 {result.tpot_p99_s * 1000:.0f}ms, acceptance "
+                      f"{result.acceptance_rate:.2f}, errors {result.num_errors}", file=sys.stderr, flush=True)
+    if args.plot:
+        plot(runs, args.plot)
+    if args.json:
+        print(json.dumps({label: [r.to_dict() for r in levels_] for label, levels_ in runs.items()}))
+    return 0
+
+
+class _stack:
+    """The router address: --server as given, or a local stack started (and stopped) here."""
+
+    def __init__(self, args: argparse.Namespace, no_spec: bool):
+        self.args, self.no_spec, self.stack = args, no_spec, None
+
+    def __enter__(self) -> str:
+        if self.args.server:
+            return self.args.server
+        from specdec.commands.serve import stack_config
+        from specdec.launch import start_stack
+        from specdec.serving_config import StackConfig, TargetConfig
+
+        ns = argparse.Namespace(config=None, target=self.args.target, drafter=self.args.drafter, draft=None,
+                                dtype="auto", port=0, no_pipeline=False)
+        config = stack_config(ns)
+        if self.no_spec:  # the same target worker, with no drafter anywhere
+            config = StackConfig(router=config.router, targets=(TargetConfig(model=self.args.target),), drafts=())
+        self.stack = start_stack(config)
+        return self.stack.address
+
+    def __exit__(self, *exc) -> None:
+        if self.stack is not None:
+            self.stack.stop()

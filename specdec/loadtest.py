@@ -1,0 +1,124 @@
+"""Load test against any router: per concurrency level, throughput and latency as users see them.
+
+Each level runs `num_requests` chat requests from `concurrency` client threads at once (closed loop:
+a thread sends its next request when the previous one finishes). Measured per request on the
+client: time to first token (first streamed chunk with tokens), time per output token after it
+((end - first) / (tokens - 1)), and the router's speculative statistics from the final message.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+from specdec.core.types import SamplingParams
+
+PROMPTS = (
+    'Repeat exactly: {"user": "ada", "roles": ["admin", "dev"], "active": true}',
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Give three tips for writing clear emails.",
+    "Rewrite in the passive voice: The committee approved the new budget on Monday.",
+    "List the planets of the solar system in order from the sun.",
+    "Explain what a hash table is in two sentences.",
+    "Translate to French: The weather is nice today and we are going to the park.",
+    "Summarise: Speculative decoding lets a small model draft tokens that a large model verifies in one pass.",
+)
+
+
+@dataclass(frozen=True)
+class LevelResult:
+    concurrency: int
+    num_requests: int
+    num_errors: int
+    output_tokens_per_s: float
+    ttft_p50_s: float
+    ttft_p99_s: float
+    tpot_p50_s: float
+    tpot_p99_s: float
+    acceptance_rate: float
+    tau: float
+    elapsed_s: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+def run_level(address: str, concurrency: int, num_requests: int, params: SamplingParams,
+              timeout_s: float = 600.0) -> LevelResult:
+    from specdec.client import Client
+
+    lock = threading.Lock()
+    next_index = [0]
+    ttfts, tpots, errors = [], [], []
+    totals = {"tokens": 0, "drafted": 0, "accepted": 0, "forwards": 0}
+
+    def user() -> None:
+        with Client(address) as client:
+            while True:
+                with lock:
+                    if next_index[0] >= num_requests:
+                        return
+                    index = next_index[0]
+                    next_index[0] += 1
+                start = time.perf_counter()
+                first = None
+                try:
+                    for chunk in client.stream(PROMPTS[index % len(PROMPTS)], params, chat=True, timeout_s=timeout_s):
+                        if first is None and chunk.token_ids:
+                            first = time.perf_counter()
+                        if chunk.output is not None:
+                            out = chunk.output
+                except Exception as exc:  # noqa: BLE001 - counted and reported, the test goes on
+                    with lock:
+                        errors.append(repr(exc))
+                    continue
+                end = time.perf_counter()
+                n = len(out.token_ids)
+                with lock:
+                    ttfts.append((first or end) - start)
+                    if n > 1:
+                        tpots.append((end - (first or end)) / (n - 1))
+                    totals["tokens"] += n
+                    totals["drafted"] += out.stats.num_draft_tokens
+                    totals["accepted"] += out.stats.num_accepted_tokens
+                    totals["forwards"] += out.stats.num_target_forwards
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=user, daemon=True) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s)
+    elapsed = time.perf_counter() - start
+    return LevelResult(
+        concurrency, num_requests, len(errors), totals["tokens"] / elapsed if elapsed > 0 else 0.0,
+        percentile(ttfts, 50), percentile(ttfts, 99), percentile(tpots, 50), percentile(tpots, 99),
+        totals["accepted"] / totals["drafted"] if totals["drafted"] else 0.0,
+        totals["tokens"] / totals["forwards"] if totals["forwards"] else 0.0, elapsed)
+
+
+def plot(runs: dict[str, list[LevelResult]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, levels in runs.items():
+        ax.plot([r.concurrency for r in levels], [r.output_tokens_per_s for r in levels], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent users")
+    ax.set_ylabel("output tokens/s (all users)")
+    ax.set_title("Throughput against concurrency")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

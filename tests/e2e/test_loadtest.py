@@ -1,0 +1,36 @@
+"""`specdec loadtest` against a running router, and its input errors."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from specdec.launch import Stack
+
+
+def loadtest(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specdec.cli", "loadtest", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_reports_every_level(draft_stack: Stack, tmp_path):
+    plot = tmp_path / "throughput.png"
+    result = loadtest("--server", draft_stack.address, "--concurrency", "1,3", "--requests", "3",
+                      "--max-new-tokens", "12", "--json", "--plot", str(plot))
+    assert result.returncode == 0, result.stderr
+    (levels,) = json.loads(result.stdout).values()
+    assert [level["concurrency"] for level in levels] == [1, 3]
+    for level in levels:
+        assert level["num_errors"] == 0 and level["num_requests"] == 3
+        assert level["output_tokens_per_s"] > 0
+        assert 0 < level["ttft_p50_s"] <= level["ttft_p99_s"]
+        assert 0 < level["tpot_p50_s"] <= level["tpot_p99_s"]
+        assert level["tau"] >= 1.0
+    assert plot.stat().st_size > 1000
+
+
+def test_bad_levels_exit_2():
+    result = loadtest("--server", "127.0.0.1:1", "--concurrency", "1,x")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "specdec: error: --concurrency must be comma-separated integers, got '1,x'"]
