@@ -19,7 +19,7 @@ from specdec.errors import InvalidArgument
 @dataclass(frozen=True)
 class NgramConfig:
     max_ngram: int = 3  # try the longest suffix first
-    min_ngram: int = 1
+    min_ngram: int = 2  # a 1-token match proposes mostly noise in chat text; each costs a wider verify
     num_branches: int = 1  # 1 = a chain; more = a trie of that many distinct continuations
 
     def __post_init__(self) -> None:
