@@ -1,0 +1,158 @@
+"""EAGLE-style self-drafting: one decoder layer extrapolates the target's features, drafting a dynamic tree.
+
+The session keeps the head's own KV cache over committed positions: pair t = (f_t, x_{t+1}) with
+f_t the target's feature at t (the Sequence keeps them for every cached position) predicts f_{t+1},
+which the target's LM head (restricted to the reduced vocabulary) turns into the distribution of
+x_{t+2}. Committed tokens never change, so the cache only ever grows by the newly committed pairs;
+draft nodes are cropped away after each proposal.
+
+The tree is EAGLE-2's: at every depth the top_k nodes by cumulative draft log-probability are
+expanded (one batched forward with tree attention inside the head's cache), each into its top_k
+children; finally all nodes are reranked by cumulative log-probability and the best num_nodes
+(parents always before children) are sent. Children are picked deterministically, so q = None.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from specdec.core.tree import DraftTree
+from specdec.core.types import SamplingParams
+from specdec.drafters.eagle_layer import EagleConfig, EagleHead, load_eagle
+from specdec.errors import InvalidArgument
+
+
+class EagleSession:
+    needs_features = True  # the engine asks the Sequence to keep the target feature of every cached position
+
+    def __init__(self, drafter: EagleDrafter):
+        self.d = drafter
+        self.sequence = None
+        self.past: tuple[torch.Tensor, torch.Tensor] | None = None  # (k, v) [1, kv_heads, num_pairs, d]
+        self.num_pairs = 0
+        self.root_out: torch.Tensor | None = None  # [H] predicted feature at the root's position
+
+    def attach(self, sequence) -> None:
+        self.sequence = sequence
+        self.past, self.num_pairs, self.root_out = None, 0, None
+
+    def _features(self) -> torch.Tensor | None:
+        chunks = getattr(self.sequence, "feature_chunks", None)
+        if not chunks:
+            return None
+        if len(chunks) > 1:  # merge once, so later steps concatenate only the new rows
+            chunks[:] = [torch.cat(chunks)]
+        return chunks[0]  # [num_cached, H]
+
+    @torch.inference_mode()
+    def _sync(self, context_ids: list[int]) -> torch.Tensor | None:
+        """Feed the newly committed pairs into the head's cache; return the root's predicted feature [H]."""
+        feats = self._features()
+        n = len(context_ids)
+        if feats is None or feats.shape[0] != n - 1:
+            return None
+        m = self.num_pairs
+        if m < n - 1:
+            d = self.d
+            out, self.past = d.head(feats[m:n - 1].to(d.dtype)[None], d.embed(context_ids[m + 1:n])[None],
+                                    torch.arange(m, n - 1), self.past)
+            self.num_pairs = n - 1
+            self.root_out = out[0, -1]
+        return self.root_out
+
+    @torch.inference_mode()
+    def propose(self, context_ids: list[int], max_tokens: int, params: SamplingParams,
+                generator: torch.Generator | None) -> DraftTree:
+        if max_tokens <= 0:
+            return DraftTree.empty()
+        root_out = self._sync(context_ids)
+        if root_out is None:
+            return DraftTree.empty()
+        d, c = self.d, self.d.config
+        depth, k = min(c.depth, max_tokens), c.top_k
+        tokens, parents, scores, levels = [], [], [], []
+        outputs: dict[int, torch.Tensor] = {}  # expanded node -> its predicted feature [H]
+        slots: dict[int, int] = {}  # expanded node -> its entry in the head's cache
+        past = self.past
+        frontier = [(-1, root_out)]  # (node, predicted feature whose children to draft)
+        for level in range(1, depth + 1):
+            new_nodes = []
+            logps = torch.log_softmax(torch.stack([f for _, f in frontier]) @ d.head_weight.T, dim=-1)  # [F, V']
+            top = torch.topk(logps, k, dim=-1)
+            for (parent, _), values, indices in zip(frontier, top.values.tolist(), top.indices.tolist()):
+                base = scores[parent] if parent >= 0 else 0.0
+                for lp, i in zip(values, indices):
+                    new_nodes.append(len(tokens))
+                    tokens.append(int(d.vocab_ids[i]))
+                    parents.append(parent)
+                    scores.append(base + lp)
+                    levels.append(level)
+            if level == depth:
+                break
+            expand = sorted(new_nodes, key=lambda node: -scores[node])[:k]
+            num_past = past[0].shape[2]
+            mask = torch.zeros(len(expand), num_past + len(expand), dtype=torch.bool)
+            mask[:, :self.num_pairs] = True
+            for row, node in enumerate(expand):
+                mask[row, num_past + row] = True
+                ancestor = parents[node]
+                while ancestor >= 0:
+                    mask[row, slots[ancestor]] = True
+                    ancestor = parents[ancestor]
+            feats = torch.stack([outputs[parents[n]] if parents[n] >= 0 else root_out for n in expand])  # [E, H]
+            positions = torch.full((len(expand),), self.num_pairs - 1 + level)
+            out, past = d.head(feats[None], d.embed([tokens[n] for n in expand])[None], positions, past, mask)
+            for row, node in enumerate(expand):
+                outputs[node] = out[0, row]
+                slots[node] = num_past + row
+            frontier = [(node, outputs[node]) for node in expand]
+        return rerank(tokens, parents, scores, levels, c.num_nodes)
+
+
+def rerank(tokens: list[int], parents: list[int], scores: list[float], levels: list[int],
+           num_nodes: int) -> DraftTree:
+    """The best num_nodes nodes by cumulative log-probability, parents kept before children."""
+    keep: set[int] = set()
+    for node in sorted(range(len(tokens)), key=lambda n: (-scores[n], levels[n])):
+        if len(keep) >= num_nodes:
+            break
+        if parents[node] < 0 or parents[node] in keep:
+            keep.add(node)
+    order = sorted(keep, key=lambda n: (levels[n], n))
+    index = {node: i for i, node in enumerate(order)}
+    return DraftTree(tuple(tokens[n] for n in order), tuple(index[parents[n]] if parents[n] >= 0 else -1
+                                                            for n in order), None)
+
+
+class EagleDrafter:
+    name = "eagle"
+
+    def __init__(self, head: EagleHead, vocab_ids: torch.Tensor, embed_weight: torch.Tensor,
+                 head_weight: torch.Tensor, config: EagleConfig):
+        self.head = head
+        self.config = config
+        self.vocab_ids = vocab_ids  # [V']
+        self.embed_weight = embed_weight  # [vocab, H] the target's input embeddings
+        self.head_weight = head_weight[vocab_ids].contiguous()  # [V', H] rows of the target's LM head
+        self.dtype = head_weight.dtype
+
+    def embed(self, token_ids: list[int]) -> torch.Tensor:
+        return self.embed_weight[torch.tensor(token_ids, dtype=torch.long)].to(self.dtype)  # [n, H]
+
+    @classmethod
+    def load(cls, path: Path, model, runner, num_nodes: int = 0, top_k: int = 0, depth: int = 0) -> EagleDrafter:
+        head, vocab_ids = load_eagle(path, runner.dtype)
+        config = head.c
+        if runner.head_weight is None or config.hidden_size != runner.head_weight.shape[1] \
+                or config.target_vocab_size != runner.vocab_size:
+            raise InvalidArgument(f"the EAGLE head in {str(path)!r} was trained for another target")
+        overrides = {name: v for name, v in (("num_nodes", num_nodes), ("top_k", top_k), ("depth", depth)) if v}
+        if any(v < 0 for v in overrides.values()):
+            raise InvalidArgument(f"eagle options must be positive, got {overrides}")
+        config = replace(config, **overrides)
+        return cls(head, vocab_ids, model.get_input_embeddings().weight, runner.head_weight, config)
+
+    def new_session(self) -> EagleSession:
+        return EagleSession(self)

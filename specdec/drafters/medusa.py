@@ -1,0 +1,131 @@
+"""Medusa-1 heads: self-drafting from the hidden state the verify forward already produced.
+
+Head i (0-based) reads the target's last hidden state h_t at the last accepted row (whose LM-head
+output became the new root x_{t+1}) and predicts x_{t+2+i} through one residual block
+h + SiLU(W_i h + b_i) and the target's own (frozen, shared) LM head, restricted to a reduced
+vocabulary (FR-Spec). The tree is static and given as Medusa path tuples: path (a, b) is the a-th
+candidate of head 0 followed by the b-th candidate of head 1. Candidates are picked
+deterministically (top-k), so q = None (one-hot) and verification stays exact at any temperature.
+Drafting costs K small matmuls and no model call.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from specdec.core.tree import DraftTree, paths_to_parents
+from specdec.core.types import SamplingParams
+from specdec.errors import InvalidArgument, ModelNotFound
+
+WEIGHTS = "medusa.safetensors"
+CONFIG = "medusa_config.json"
+
+
+@dataclass(frozen=True)
+class MedusaConfig:
+    num_heads: int
+    hidden_size: int
+    target_vocab_size: int
+    tree_paths: tuple[tuple[int, ...], ...] = ((0,),)  # ordered by measured acceptance, best first
+
+    def __post_init__(self) -> None:
+        if self.num_heads < 1:
+            raise InvalidArgument(f"num_heads must be >= 1, got {self.num_heads}")
+        if any(len(p) > self.num_heads for p in self.tree_paths):
+            raise InvalidArgument(f"a tree path is deeper than the {self.num_heads} heads")
+
+
+class MedusaHeads(torch.nn.Module):
+    def __init__(self, num_heads: int, hidden_size: int):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(hidden_size, hidden_size) for _ in range(num_heads))
+        for block in self.blocks:  # start as the identity: every head first predicts what the LM head does
+            torch.nn.init.zeros_(block.weight)
+            torch.nn.init.zeros_(block.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [n, H] -> per-head features [n, num_heads, H] (the LM head turns them into logits)."""
+        return torch.stack([hidden + torch.nn.functional.silu(block(hidden)) for block in self.blocks], dim=1)
+
+
+def save_medusa(out: Path, heads: MedusaHeads, vocab_ids: torch.Tensor, config: MedusaConfig) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in heads.state_dict().items()}
+    tensors["vocab_ids"] = vocab_ids.to(torch.int32)
+    save_file(tensors, str(out / WEIGHTS))
+    (out / CONFIG).write_text(json.dumps({"num_heads": config.num_heads, "hidden_size": config.hidden_size,
+                                          "target_vocab_size": config.target_vocab_size,
+                                          "tree_paths": [list(p) for p in config.tree_paths]}))
+
+
+def load_medusa(path: Path, dtype: torch.dtype) -> tuple[MedusaHeads, torch.Tensor, MedusaConfig]:
+    path = Path(path)
+    if not (path / WEIGHTS).is_file() or not (path / CONFIG).is_file():
+        raise ModelNotFound(f"{str(path)!r} holds no Medusa heads ({WEIGHTS} + {CONFIG})")
+    raw = json.loads((path / CONFIG).read_text())
+    config = MedusaConfig(raw["num_heads"], raw["hidden_size"], raw["target_vocab_size"],
+                          tuple(tuple(p) for p in raw["tree_paths"]))
+    tensors = load_file(str(path / WEIGHTS))
+    vocab_ids = tensors.pop("vocab_ids").long()
+    heads = MedusaHeads(config.num_heads, config.hidden_size)
+    heads.load_state_dict({k: v.to(dtype) for k, v in tensors.items()})
+    return heads.to(dtype).eval().requires_grad_(False), vocab_ids, config
+
+
+class MedusaSession:
+    def __init__(self, drafter: MedusaDrafter):
+        self.drafter = drafter
+        self.sequence = None  # the target's Sequence, whose `hidden` the heads read
+
+    def attach(self, sequence) -> None:
+        """Self-drafting: the engine hands over the target's sequence state (hidden at the last accepted row)."""
+        self.sequence = sequence
+
+    @torch.inference_mode()
+    def propose(self, context_ids: list[int], max_tokens: int, params: SamplingParams,
+                generator: torch.Generator | None) -> DraftTree:
+        hidden = getattr(self.sequence, "hidden", None)  # [H]
+        if max_tokens <= 0 or hidden is None:
+            return DraftTree.empty()
+        d = self.drafter
+        paths = [p for p in d.paths if len(p) <= max_tokens]
+        if not paths:
+            return DraftTree.empty()
+        parents, ranks = paths_to_parents(paths)
+        ordered = sorted(paths, key=lambda p: (len(p), p))  # paths_to_parents' node order
+        feats = d.heads(hidden.to(d.head_weight.dtype).unsqueeze(0))[0]  # [K, H]
+        logits = feats @ d.head_weight.T  # [K, V']
+        top = torch.topk(logits, d.max_rank + 1, dim=-1).indices  # [K, R]
+        candidates = d.vocab_ids[top].tolist()  # [K][R] target token ids
+        tokens = tuple(candidates[len(p) - 1][r] for p, r in zip(ordered, ranks))
+        return DraftTree(tokens, parents, None)
+
+
+class MedusaDrafter:
+    name = "medusa"
+
+    def __init__(self, heads: MedusaHeads, vocab_ids: torch.Tensor, target_head_weight: torch.Tensor,
+                 config: MedusaConfig, num_nodes: int = 0):
+        self.heads = heads
+        self.vocab_ids = vocab_ids  # [V'] the reduced vocabulary
+        self.head_weight = target_head_weight[vocab_ids].contiguous()  # [V', H] rows of the target's LM head
+        self.config = config
+        self.paths = list(config.tree_paths[:num_nodes] if num_nodes > 0 else config.tree_paths)
+        self.max_rank = max(max(p) for p in self.paths)
+
+    @classmethod
+    def load(cls, path: Path, runner, num_nodes: int = 0) -> MedusaDrafter:
+        """runner: the target's ModelRunner (its LM head is the heads' shared LM head)."""
+        heads, vocab_ids, config = load_medusa(path, runner.dtype)
+        if runner.head_weight is None or config.hidden_size != runner.head_weight.shape[1] \
+                or config.target_vocab_size != runner.vocab_size:
+            raise InvalidArgument(f"Medusa heads in {str(path)!r} were trained for another target "
+                                  f"(hidden {config.hidden_size}, vocab {config.target_vocab_size})")
+        return cls(heads, vocab_ids, runner.head_weight, config, num_nodes)
+
+    def new_session(self) -> MedusaSession:
+        return MedusaSession(self)

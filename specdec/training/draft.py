@@ -1,0 +1,138 @@
+"""Distilled draft model recipe: a small Llama sharing SmolLM2's tokenizer, trained on the target's distributions.
+
+Loss: KL(target || draft) on every position of the cached sequences, both restricted to a reduced
+vocabulary (FR-Spec: the most frequent target tokens), the target's logits recomputed from its cached
+features through its own LM head. The input/output embedding is tied and initialised with the
+top principal directions of the target's embedding matrix, so every token (including those outside
+the reduced vocabulary) starts with a meaningful vector. The result is a plain Hugging Face
+checkpoint: the existing draft-model drafter loads it unchanged.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from specdec.training.common import BestKeeper, Budget, reduced_vocab, save_loss_curve, write_recipe
+from specdec.training.eagle import sample_windows
+from specdec.training.features import FeatureSet
+
+
+@dataclass(frozen=True)
+class DraftRecipe:
+    hidden_size: int = 256
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 768
+    vocab_size: int = 8192  # reduced vocabulary of the distillation loss
+    window_len: int = 128
+    batch_size: int = 12
+    lr: float = 2e-3
+    temperature: float = 1.0  # of the teacher's distribution
+    num_heldout_seqs: int = 12
+    eval_every: int = 25  # steps between held-out checks (early stopping)
+    seed: int = 0
+
+
+def make_draft(target_model, recipe: DraftRecipe):
+    """A LlamaForCausalLM with the target's vocabulary and special tokens; embedding = PCA of the target's."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tc = target_model.config
+    config = LlamaConfig(vocab_size=tc.vocab_size, hidden_size=recipe.hidden_size,
+                         intermediate_size=recipe.intermediate_size, num_hidden_layers=recipe.num_layers,
+                         num_attention_heads=recipe.num_heads, num_key_value_heads=recipe.num_kv_heads,
+                         max_position_embeddings=tc.max_position_embeddings, rms_norm_eps=tc.rms_norm_eps,
+                         rope_parameters=getattr(tc, "rope_parameters", None), tie_word_embeddings=True,
+                         bos_token_id=tc.bos_token_id, eos_token_id=tc.eos_token_id, pad_token_id=tc.pad_token_id)
+    torch.manual_seed(recipe.seed)
+    draft = LlamaForCausalLM(config)
+    emb = target_model.get_input_embeddings().weight.detach().float()  # [vocab, H_target]
+    q = min(recipe.hidden_size, emb.shape[1])
+    _, _, v = torch.pca_lowrank(emb, q=q, center=False, niter=3)  # v: [H_target, q]
+    projected = emb @ v  # [vocab, q]
+    if q < recipe.hidden_size:  # a draft wider than the target: the extra directions start small and random
+        projected = torch.cat([projected, 0.01 * projected.std() * torch.randn(len(emb), recipe.hidden_size - q)], 1)
+    with torch.no_grad():
+        draft.get_input_embeddings().weight.copy_(projected / projected.std() * 0.02 * 10)
+    draft.tie_weights()
+    draft.generation_config.eos_token_id = target_model.generation_config.eos_token_id
+    return draft
+
+
+def train_draft(fs: FeatureSet, target, recipe: DraftRecipe, budget: Budget, out: Path,
+                extra: dict | None = None) -> dict:
+    """target: the LoadedModel (its tokenizer is saved beside the draft)."""
+    torch.manual_seed(recipe.seed)
+    gen = torch.Generator().manual_seed(recipe.seed)
+    train, heldout = fs.split(min(recipe.num_heldout_seqs, max(fs.num_seqs // 5, 1)))
+    vocab_ids = reduced_vocab(train, recipe.vocab_size)
+    teacher_head = target.model.get_output_embeddings().weight.detach().float()[vocab_ids]  # [V', H_target]
+    teacher_logp = teacher_log_probs(train, teacher_head, recipe.temperature)  # [len(train.ids), V'] fp16
+    draft = make_draft(target.model, recipe).float().train()
+    decoder = draft.model
+    opt = torch.optim.AdamW(draft.parameters(), lr=recipe.lr, weight_decay=0.0)
+    losses: list[float] = []
+    held = [sample_windows(heldout, 8, recipe.window_len, gen) for _ in range(2)]  # fixed held-out windows
+    held_logp = teacher_log_probs(heldout, teacher_head, recipe.temperature)
+    keeper = BestKeeper(draft)
+
+    def heldout_agreement() -> float:
+        with torch.no_grad():
+            hits = [distill_loss(decoder, draft, b, vocab_ids, held_logp)[1][b[4][b[5]] + 1 >= 32] for b in held]
+        return float(torch.cat(hits).mean())
+
+    bar = budget.progress("train draft")
+    for step in bar:
+        if step % recipe.eval_every == 0:
+            keeper.offer(heldout_agreement(), step)
+        batch = sample_windows(train, recipe.batch_size, recipe.window_len, gen)
+        loss, _ = distill_loss(decoder, draft, batch, vocab_ids, teacher_logp)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        if step % 5 == 0:
+            bar.show(losses[-1])
+    keeper.offer(heldout_agreement(), bar.steps)
+    keeper.restore()
+    draft.eval()
+    out.mkdir(parents=True, exist_ok=True)
+    draft.to(torch.bfloat16).save_pretrained(out)
+    if target.tokenizer is not None:
+        target.tokenizer.save_pretrained(out)
+    save_loss_curve(losses, out / "loss.png", "draft model: KL(target || draft), reduced vocabulary")
+    summary = {"steps": bar.steps, "train_s": round(bar.elapsed_s, 1),
+               "final_loss": sum(losses[-20:]) / max(len(losses[-20:]), 1),
+               "best_step": keeper.best_step, "heldout_top1_agreement": round(keeper.best_score, 4),
+               "num_params": sum(p.numel() for p in draft.parameters())}
+    write_recipe(out, {"recipe": "draft", "config": asdict(recipe), "budget": asdict(budget),
+                       "num_train_tokens": len(train.ids), **(extra or {}), "result": summary})
+    return summary
+
+
+@torch.no_grad()
+def teacher_log_probs(fs: FeatureSet, teacher_head: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The target's log-probabilities over the reduced vocabulary at every position of fs: [len(fs.ids), V'] fp16.
+    Every window is seen several times, so the teacher is computed once."""
+    return torch.cat([F.log_softmax(chunk.float() @ teacher_head.T / temperature, dim=-1).half()
+                      for chunk in fs.features.split(2048)])
+
+
+def distill_loss(decoder, draft, batch, vocab_ids: torch.Tensor,
+                 teacher_logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(KL over the reduced vocabulary, top-1 agreement per valid position) on a batch of sample_windows.
+
+    Window pair j reads tokens up to x_{t+1} and must match the target's distribution there, which
+    is the LM head applied to the cached feature f_{t+1}; teacher_logp [len(fs.ids), V'] holds it."""
+    _, toks, _, _, positions, valid, index = batch
+    mask = valid.long()
+    hidden = decoder(input_ids=toks, attention_mask=mask, position_ids=positions + 1).last_hidden_state  # [B, L-1, h]
+    student = hidden[valid] @ draft.get_output_embeddings().weight[vocab_ids].T  # [n, V']
+    teacher = teacher_logp[index[valid]].float()  # [n, V']
+    loss = F.kl_div(F.log_softmax(student, dim=-1), teacher, log_target=True, reduction="batchmean")
+    return loss, (student.argmax(-1) == teacher.argmax(-1)).float()

@@ -1,0 +1,40 @@
+"""Tiny trained self-drafters: a feature cache of the tiny target and a few optimisation steps each."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def tiny_features(tiny_target, tmp_path_factory):
+    from specdec.models.loader import load_model
+    from specdec.training.features import FeatureCacheConfig, build_or_load
+
+    target = load_model(tiny_target, torch.float32)
+    prompts = [[(7 * i + j) % 90 + 3 for j in range(4)] for i in range(24)]
+    config = FeatureCacheConfig(max_new_tokens=24, generate_batch_size=24)
+    return target, build_or_load(target, config, tmp_path_factory.mktemp("features"), prompts)
+
+
+@pytest.fixture(scope="session")
+def tiny_medusa_dir(tiny_features, tmp_path_factory):
+    from specdec.training.common import Budget
+    from specdec.training.medusa import MedusaRecipe, train_medusa
+
+    target, fs = tiny_features
+    out = tmp_path_factory.mktemp("medusa")
+    recipe = MedusaRecipe(num_tree_nodes=12, num_heldout_seqs=4, verify_cost_per_node=0.0)
+    train_medusa(fs, target.model.get_output_embeddings().weight, recipe, Budget(max_steps=40), out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_eagle_dir(tiny_features, tmp_path_factory):
+    from specdec.training.common import Budget
+    from specdec.training.eagle import EagleRecipe, train_eagle
+
+    target, fs = tiny_features
+    out = tmp_path_factory.mktemp("eagle")
+    train_eagle(fs, target.model, EagleRecipe(window_len=24, batch_size=4, num_heldout_seqs=4, top_k=3, depth=4,
+                                              num_nodes=12), Budget(max_steps=10), out)
+    return out

@@ -1,0 +1,74 @@
+"""Medusa heads: checkpoint loading and shapes, tree proposals, greedy equality with plain decoding."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec import Engine, SamplingParams
+from specdec.core.tree import DraftTree
+from specdec.drafters.medusa import MedusaHeads, load_medusa
+from specdec.errors import InvalidArgument
+
+PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7], [40, 41, 42, 43, 1, 2], [11, 12]]
+GREEDY = SamplingParams(max_new_tokens=32, ignore_eos=True)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_heads_start_as_identity_and_keep_shapes():
+    heads = MedusaHeads(num_heads=3, hidden_size=16)
+    h = torch.randn(5, 16)
+    out = heads(h)  # [n, K, H]
+    assert out.shape == (5, 3, 16)
+    assert torch.equal(out[:, 1], h)  # zero-initialised residual blocks
+
+
+def test_checkpoint_loads_with_its_tree(tiny_medusa_dir):
+    heads, vocab_ids, config = load_medusa(tiny_medusa_dir, torch.float32)
+    assert config.num_heads == len(heads.blocks) == 4
+    assert 1 <= len(config.tree_paths) <= 12
+    assert all(len(p) == 1 or p[:-1] in config.tree_paths for p in config.tree_paths)  # prefix-closed
+    assert vocab_ids.dtype == torch.int64 and vocab_ids.max() < config.target_vocab_size
+    for name in ("loss.png", "recipe.json"):
+        assert (tiny_medusa_dir / name).is_file()
+
+
+def test_greedy_equals_plain_decoding(tiny_target, tiny_medusa_dir):
+    plain = Engine.from_pretrained(target=tiny_target)
+    medusa = Engine.from_pretrained(target=tiny_target, drafter="medusa", draft=str(tiny_medusa_dir))
+    chain = Engine.from_pretrained(target=tiny_target, drafter="medusa", draft=str(tiny_medusa_dir), num_nodes=1,
+                                   adaptive=False, num_speculative_tokens=2)
+    for prompt in PROMPTS:
+        want = plain.generate(prompt, GREEDY).token_ids
+        for engine in (medusa, chain):
+            out = engine.generate(prompt, GREEDY)
+            assert out.token_ids == want
+            assert out.stats.num_draft_tokens > 0
+
+
+def test_sampling_runs_with_deterministic_children(tiny_target, tiny_medusa_dir):
+    engine = Engine.from_pretrained(target=tiny_target, drafter="medusa", draft=str(tiny_medusa_dir))
+    out = engine.generate(PROMPTS[0], SamplingParams(temperature=0.8, seed=3, max_new_tokens=20, ignore_eos=True))
+    assert len(out.token_ids) == 20
+
+
+def test_proposal_is_a_valid_tree_bounded_by_depth(tiny_target, tiny_medusa_dir):
+    engine = Engine.from_pretrained(target=tiny_target, drafter="medusa", draft=str(tiny_medusa_dir))
+    session = engine.drafter.new_session()
+    assert session.propose([1, 2, 3], 4, GREEDY, None) == DraftTree.empty()  # nothing attached yet
+
+    class Seq:
+        hidden = torch.randn(64)
+
+    session.attach(Seq())
+    tree = session.propose([1, 2, 3], 2, GREEDY, None)
+    tree.validate(96, 64)
+    assert 1 <= tree.num_nodes and all(p < i for i, p in enumerate(tree.parent_ids))
+
+
+def test_wrong_target_and_missing_checkpoint_are_refused(tiny_target, tiny_medusa_dir, tmp_path):
+    with pytest.raises(InvalidArgument, match="num_nodes|option"):
+        Engine.from_pretrained(target=tiny_target, drafter="medusa", draft=str(tiny_medusa_dir), width=3)
+    with pytest.raises(Exception, match="Medusa"):
+        Engine.from_pretrained(target=tiny_target, drafter="medusa", draft=str(tmp_path))
+    with pytest.raises(InvalidArgument, match="no trained medusa"):
+        Engine.from_pretrained(target=tiny_target, drafter="medusa")

@@ -1,0 +1,77 @@
+"""Recipe smoke runs: the feature cache is built once and reused; each recipe trains a few steps from the CLI."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from specdec import Engine, SamplingParams
+from specdec.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def tiny_chat_target(tmp_path_factory, smol_path):
+    """A tiny random Llama with SmolLM2's vocabulary and tokenizer: the CLI path end to end, in seconds."""
+    from transformers import AutoTokenizer
+
+    from conftest import make_tiny_llama
+
+    path = make_tiny_llama(tmp_path_factory.mktemp("tiny-chat"), seed=4, hidden=64, layers=1, vocab=49152,
+                           eos_token_id=2)
+    AutoTokenizer.from_pretrained(smol_path).save_pretrained(path)
+    return path
+
+
+def test_every_recipe_trains_from_the_cli_and_reuses_the_feature_cache(tiny_chat_target, tmp_path, monkeypatch):
+    common = ["--target", str(tiny_chat_target), "--steps", "2", "--shards", "0:3:2,1:2:0", "--max-new-tokens", "6",
+              "--cache", str(tmp_path / "cache")]
+    assert main(["train", "medusa", "--out", str(tmp_path / "medusa"), *common]) == 0
+    feature_dirs = sorted(p.name for p in (tmp_path / "cache" / "features").iterdir())
+    assert len(feature_dirs) == 2  # one per shard
+
+    import specdec.training.features as features
+
+    def no_target_run(*args, **kwargs):
+        raise AssertionError("the feature cache must be reused, not rebuilt")
+
+    monkeypatch.setattr(features, "generate_answers", no_target_run)
+    for recipe in ("eagle", "draft"):
+        assert main(["train", recipe, "--out", str(tmp_path / recipe), *common]) == 0
+    assert sorted(p.name for p in (tmp_path / "cache" / "features").iterdir()) == feature_dirs
+    for recipe in ("medusa", "eagle", "draft"):
+        out = tmp_path / recipe
+        record = json.loads((out / "recipe.json").read_text())
+        assert record["result"]["steps"] == 2 and record["recipe"] == recipe
+        assert (out / "loss.png").stat().st_size > 0 and (out / "README.md").is_file()
+    greedy = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    want = Engine.from_pretrained(target=str(tiny_chat_target)).generate([1, 2, 3, 4], greedy).token_ids
+    for recipe in ("medusa", "eagle", "draft"):
+        engine = Engine.from_pretrained(target=str(tiny_chat_target), drafter=recipe, draft=str(tmp_path / recipe))
+        assert engine.generate([1, 2, 3, 4], greedy).token_ids == want
+
+
+def test_bad_budget_is_refused(capsys):
+    assert main(["train", "medusa", "--minutes", "0"]) == 2
+    assert "--minutes" in capsys.readouterr().err
+
+
+def test_feature_set_split_and_offsets(tiny_features):
+    from specdec.training.common import positions_with_offsets, reduced_vocab, to_reduced
+
+    _, fs = tiny_features
+    train, held = fs.split(3)
+    assert held.num_seqs == 3 and train.num_seqs == fs.num_seqs - 3
+    assert len(train.ids) + len(held.ids) == len(fs.ids) and held.cu_seqlens[0] == 0
+    stride = fs.num_seqs // 3
+    first = fs.select([stride - 1])  # held out: every stride-th sequence
+    assert torch.equal(first.features, held.features[:len(first.ids)]) and torch.equal(first.ids, held.ids[:len(first.ids)])
+    pos = positions_with_offsets(fs, 4)
+    ends = fs.cu_seqlens[torch.searchsorted(fs.cu_seqlens, pos, right=True)]
+    assert bool((pos + 4 < ends).all())
+    vocab = reduced_vocab(fs, 10)
+    assert len(vocab) == 10 and torch.equal(vocab, vocab.sort().values)
+    labels = to_reduced(torch.tensor([int(vocab[3]), 95 if 95 not in vocab else int(vocab[0])]), vocab, 96)
+    assert labels[0] == 3
