@@ -20,7 +20,7 @@ from tqdm import tqdm
 from specdec.core.types import SamplingParams
 from specdec.drafters import build_drafter
 from specdec.engine import Engine, EngineConfig
-from specdec.models.loader import load_model, pick_dtype
+from specdec.models.loader import load_model, pick_dtype, random_draft_path
 
 PROMPTS = [
     'Repeat the following JSON exactly: {"name": "Ada", "age": 36, "city": "London", "skills": ["math", "poetry"]}',
@@ -47,6 +47,7 @@ METHODS = {  # name -> (drafter, drafter options)
     "ngram-tree": ("ngram", {"num_branches": 3}),
     "draft": ("draft", {}),
     "draft-tree": ("draft", {"tree_width": 2}),
+    "random-draft": ("random", {}),  # an untrained draft: always wrong, so this row shows what adaptivity costs
 }
 
 
@@ -65,18 +66,24 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--num-prompts", type=int, default=len(PROMPTS))
     args = parser.parse_args()
     dtype = pick_dtype("auto")
     target = load_model(None, dtype)
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
-    engines = {name: Engine(target, build_drafter(d, target, None, dict(opts), dtype), EngineConfig())
+    def drafter(name: str, opts: dict):
+        if name == "random":
+            return build_drafter("draft", target, random_draft_path(target), opts, dtype)
+        return build_drafter(name, target, None, opts, dtype)
+
+    engines = {name: Engine(target, drafter(d, dict(opts)), EngineConfig())
                for name, (d, opts) in METHODS.items() if name in args.methods or name == "plain"}
     for engine in engines.values():  # warm-up: first-call allocations and lazy inits
         engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=8), chat=True)
     totals = {name: Totals() for name in engines}
     reference: dict[int, list[int]] = {}
     # Interleave methods per prompt so drift in machine load hits every method alike.
-    for i, prompt in enumerate(tqdm(PROMPTS, desc="prompts")):
+    for i, prompt in enumerate(tqdm(PROMPTS[:args.num_prompts], desc="prompts")):
         for name, engine in engines.items():
             out = engine.generate(prompt, params, chat=True)
             t = totals[name]
@@ -100,7 +107,7 @@ def main() -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     meta = {"machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
-            "dtype": str(dtype), "max_new_tokens": args.max_new_tokens, "num_prompts": len(PROMPTS),
+            "dtype": str(dtype), "max_new_tokens": args.max_new_tokens, "num_prompts": args.num_prompts,
             "torch": torch.__version__}
     (out_dir / "quick.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     (out_dir / "quick.md").write_text("\n".join(table) + "\n")
