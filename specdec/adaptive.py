@@ -60,8 +60,8 @@ class SpeculationController:
             return cfg.max_tokens
         if self.t_plain is None:  # measure one plain step first
             return 0
-        if self.fit[0] == 0.0:  # then one speculative step
-            return cfg.max_tokens
+        if self.fit[0] == 0.0:  # then one short speculative step: cheap if drafts turn out wrong
+            return min(cfg.probe_tokens, cfg.max_tokens)
         best = max(range(cfg.max_tokens + 1), key=self.expected_rate)
         if best == 0 and self.steps_since_spec >= self.probe_interval:
             return min(cfg.probe_tokens, cfg.max_tokens)
