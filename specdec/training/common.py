@@ -135,3 +135,12 @@ def skip_prompt_start(fs: FeatureSet, positions: torch.Tensor, skip: int = 32) -
     prompt every chat sequence opens with (memorised at once, never drafted at inference)."""
     seq = torch.searchsorted(fs.cu_seqlens, positions, right=True) - 1
     return positions[positions - fs.cu_seqlens[seq] >= skip]
+
+
+def prepare(fs: FeatureSet, recipe) -> tuple[torch.Generator, FeatureSet, FeatureSet, torch.Tensor]:
+    """What every recipe starts from: seeded RNGs, a train / held-out split (a fifth at most held
+    out), and the reduced draft vocabulary of the training half. Returns (gen, train, heldout, vocab_ids)."""
+    torch.manual_seed(recipe.seed)
+    gen = torch.Generator().manual_seed(recipe.seed)
+    train, heldout = fs.split(min(recipe.num_heldout_seqs, max(fs.num_seqs // 5, 1)))
+    return gen, train, heldout, reduced_vocab(train, recipe.vocab_size)

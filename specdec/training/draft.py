@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specdec.training.common import BestKeeper, Budget, reduced_vocab, save_loss_curve, write_recipe
+from specdec.training.common import BestKeeper, Budget, prepare, save_loss_curve, write_recipe
 from specdec.training.eagle import sample_windows
 from specdec.training.features import FeatureSet
 
@@ -66,10 +66,7 @@ def make_draft(target_model, recipe: DraftRecipe):
 def train_draft(fs: FeatureSet, target, recipe: DraftRecipe, budget: Budget, out: Path,
                 extra: dict | None = None) -> dict:
     """target: the LoadedModel (its tokenizer is saved beside the draft)."""
-    torch.manual_seed(recipe.seed)
-    gen = torch.Generator().manual_seed(recipe.seed)
-    train, heldout = fs.split(min(recipe.num_heldout_seqs, max(fs.num_seqs // 5, 1)))
-    vocab_ids = reduced_vocab(train, recipe.vocab_size)
+    gen, train, heldout, vocab_ids = prepare(fs, recipe)
     teacher_head = target.model.get_output_embeddings().weight.detach().float()[vocab_ids]  # [V', H_target]
     teacher_logp = teacher_log_probs(train, teacher_head, recipe.temperature)  # [len(train.ids), V'] fp16
     draft = make_draft(target.model, recipe).float().train()

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.drafters.eagle_layer import EagleConfig, EagleHead, save_eagle
-from specdec.training.common import BestKeeper, Budget, reduced_vocab, save_loss_curve, to_reduced, write_recipe
+from specdec.training.common import BestKeeper, Budget, prepare, save_loss_curve, to_reduced, write_recipe
 from specdec.training.features import FeatureSet
 
 
@@ -116,10 +116,7 @@ def heldout_top1(head: EagleHead, windows: list, embed: torch.Tensor, head_weigh
 
 def train_eagle(fs: FeatureSet, model, recipe: EagleRecipe, budget: Budget, out: Path,
                 extra: dict | None = None) -> dict:
-    torch.manual_seed(recipe.seed)
-    gen = torch.Generator().manual_seed(recipe.seed)
-    train, heldout = fs.split(min(recipe.num_heldout_seqs, max(fs.num_seqs // 5, 1)))
-    vocab_ids = reduced_vocab(train, recipe.vocab_size)
+    gen, train, heldout, vocab_ids = prepare(fs, recipe)
     embed = model.get_input_embeddings().weight.detach().float()  # [vocab, H]
     head_weight = model.get_output_embeddings().weight.detach().float()[vocab_ids]  # [V', H]
     config = EagleConfig.for_target(model.config, top_k=recipe.top_k, depth=recipe.depth, num_nodes=recipe.num_nodes)

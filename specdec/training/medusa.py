@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from specdec.drafters.medusa import MedusaConfig, MedusaHeads, save_medusa
-from specdec.training.common import (BestKeeper, Budget, positions_with_offsets, reduced_vocab, save_loss_curve,
+from specdec.training.common import (BestKeeper, Budget, positions_with_offsets, prepare, save_loss_curve,
                                      skip_prompt_start, to_reduced, write_recipe)
 from specdec.training.features import FeatureSet
 
@@ -46,9 +46,7 @@ def head_logits(heads: MedusaHeads, feats: torch.Tensor, head_weight: torch.Tens
 def train_medusa(fs: FeatureSet, head_weight_full: torch.Tensor, recipe: MedusaRecipe, budget: Budget,
                  out: Path, extra: dict | None = None) -> dict:
     """Train, choose the tree, save heads + config + loss curve + recipe into `out`; return the summary."""
-    torch.manual_seed(recipe.seed)
-    train, heldout = fs.split(min(recipe.num_heldout_seqs, max(fs.num_seqs // 5, 1)))
-    vocab_ids = reduced_vocab(train, recipe.vocab_size)
+    gen, train, heldout, vocab_ids = prepare(fs, recipe)
     full_vocab = head_weight_full.shape[0]
     head_weight = head_weight_full[vocab_ids].float()  # [V', H] frozen
     hidden_size = head_weight.shape[1]
@@ -57,7 +55,6 @@ def train_medusa(fs: FeatureSet, head_weight_full: torch.Tensor, recipe: MedusaR
     positions = positions_with_offsets(train, recipe.num_heads)  # t with labels t+1 .. t+K in-sequence
     offsets = torch.arange(1, recipe.num_heads + 1)  # [K]
     weights = torch.tensor([recipe.head_decay ** i for i in range(recipe.num_heads)])  # [K]
-    gen = torch.Generator().manual_seed(recipe.seed)
     losses: list[float] = []
     held_pos = skip_prompt_start(heldout, positions_with_offsets(heldout, recipe.num_heads))
     held_pos = held_pos[torch.randperm(len(held_pos), generator=gen)[:512]]
