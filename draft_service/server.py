@@ -44,7 +44,7 @@ def build_drafter(config: DraftConfig):
     from specdec.drafters.draft_model import DraftModelConfig, DraftModelDrafter
     from specdec.errors import InvalidArgument
     from specdec.models.loader import load_model, pick_dtype, random_draft_path, resolve_path
-    from specdec.models.runner import ModelRunner
+    from specdec.models.runner import ModelRunner, load_vocab_ids
 
     target_dir = resolve_path(config.target_model)
     target_config = AutoConfig.from_pretrained(target_dir, local_files_only=True)
@@ -61,7 +61,7 @@ def build_drafter(config: DraftConfig):
     if draft.model.config.vocab_size != target_config.vocab_size:
         raise InvalidArgument(f"draft vocabulary ({draft.model.config.vocab_size}) differs from the target's "
                               f"({target_config.vocab_size})")
-    drafter = DraftModelDrafter(ModelRunner(draft.model),
+    drafter = DraftModelDrafter(ModelRunner(draft.model, load_vocab_ids(path)),
                                 DraftModelConfig(tree_width=config.tree_width, q_top_n=config.q_top_n))
     return drafter, str(Path(path)), draft.model.config.vocab_size
 

@@ -40,7 +40,7 @@ def build_drafter(name: str, target, draft_path, options: dict, dtype):
     from specdec.drafters.draft_model import DraftModelConfig, DraftModelDrafter
     from specdec.drafters.trained import shipped_checkpoint
     from specdec.models.loader import load_model, random_draft_path
-    from specdec.models.runner import ModelRunner
+    from specdec.models.runner import ModelRunner, load_vocab_ids
 
     if draft_path is None:  # the shipped distilled draft for the embedded target, else a random stand-in
         draft_path = shipped_checkpoint("draft", target) or random_draft_path(target)
@@ -48,4 +48,4 @@ def build_drafter(name: str, target, draft_path, options: dict, dtype):
     if draft.model.config.vocab_size != target.model.config.vocab_size:
         raise InvalidArgument(f"draft vocabulary ({draft.model.config.vocab_size}) differs from the target's "
                               f"({target.model.config.vocab_size}); the draft must share the target's tokenizer")
-    return DraftModelDrafter(ModelRunner(draft.model), DraftModelConfig(**options))
+    return DraftModelDrafter(ModelRunner(draft.model, load_vocab_ids(draft_path)), DraftModelConfig(**options))

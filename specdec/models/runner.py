@@ -12,8 +12,23 @@ from transformers import DynamicCache
 from specdec.core.tree import TreeLayout, attention_bias, position_ids
 
 
+DRAFT_VOCAB_FILE = "draft_vocab.json"  # beside a draft checkpoint: the token ids its LM head may propose
+
+
+def load_vocab_ids(checkpoint_dir) -> torch.Tensor | None:
+    """The reduced draft vocabulary a checkpoint was trained on ([V'] int64), or None (full vocabulary)."""
+    import json
+    from pathlib import Path
+
+    path = Path(checkpoint_dir) / DRAFT_VOCAB_FILE
+    return torch.tensor(json.loads(path.read_text()), dtype=torch.long) if path.is_file() else None
+
+
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, vocab_ids: torch.Tensor | None = None):
+        """vocab_ids: [V'] token ids the head computes (FR-Spec, for draft models: the rows of the largest
+        matmul of a small model shrink to V'); the other tokens get logit -inf, so they are never
+        drafted and q is exactly what the drafter samples from. None = the full vocabulary."""
         self.model = model
         self.config = model.config
         self.vocab_size = model.config.vocab_size
@@ -24,7 +39,10 @@ class ModelRunner:
                       and not hasattr(head.weight, "device_mesh")  # a tensor-parallel (DTensor) head gathers itself
                       and not any(getattr(model.config, n, None) for n in ("final_logit_softcapping", "logit_scale")))
         self.head = head
-        self.head_weight = head.weight if plain_head else None  # [vocab, hidden]
+        self.head_weight = head.weight if plain_head else None  # [vocab, hidden], or [V', hidden] with vocab_ids
+        self.vocab_ids = vocab_ids if plain_head else None
+        if self.vocab_ids is not None:
+            self.head_weight = head.weight.detach()[self.vocab_ids].contiguous()
 
     def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.config)
@@ -66,5 +84,11 @@ class ModelRunner:
         if self.head_weight is None:
             return self.head(hidden).float()
         if hidden.shape[0] == 1:
-            return torch.nn.functional.linear(hidden, self.head_weight).float()
-        return (self.head_weight @ hidden.T).T.float()
+            logits = torch.nn.functional.linear(hidden, self.head_weight).float()
+        else:
+            logits = (self.head_weight @ hidden.T).T.float()
+        if self.vocab_ids is None:
+            return logits
+        full = torch.full((hidden.shape[0], self.vocab_size), float("-inf"))
+        full[:, self.vocab_ids] = logits
+        return full

@@ -9,12 +9,14 @@ checkpoint: the existing draft-model drafter loads it unchanged.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from specdec.models.runner import DRAFT_VOCAB_FILE
 from specdec.training.common import BestKeeper, Budget, prepare, save_loss_curve, write_recipe
 from specdec.training.eagle import sample_windows
 from specdec.training.features import FeatureSet
@@ -68,17 +70,17 @@ def train_draft(fs: FeatureSet, target, recipe: DraftRecipe, budget: Budget, out
     """target: the LoadedModel (its tokenizer is saved beside the draft)."""
     gen, train, heldout, vocab_ids = prepare(fs, recipe)
     teacher_head = target.model.get_output_embeddings().weight.detach().float()[vocab_ids]  # [V', H_target]
-    teacher_logp = teacher_log_probs(train, teacher_head, recipe.temperature)  # [len(train.ids), V'] fp16
     draft = make_draft(target.model, recipe).float().train()
     decoder = draft.model
     opt = torch.optim.AdamW(draft.parameters(), lr=recipe.lr, weight_decay=0.0)
     losses: list[float] = []
     held = [sample_windows(heldout, 8, recipe.window_len, gen) for _ in range(2)]  # fixed held-out windows
-    held_logp = teacher_log_probs(heldout, teacher_head, recipe.temperature)
+    teacher = Teacher(teacher_head, recipe.temperature)
     keeper = BestKeeper(draft)
 
     def heldout_agreement() -> float:
         with torch.no_grad():
+            held_logp = teacher.log_probs(heldout)
             hits = [distill_loss(decoder, draft, b, vocab_ids, held_logp)[1][b[4][b[5]] + 1 >= 32] for b in held]
         return float(torch.cat(hits).mean())
 
@@ -87,7 +89,7 @@ def train_draft(fs: FeatureSet, target, recipe: DraftRecipe, budget: Budget, out
         if step % recipe.eval_every == 0:
             keeper.offer(heldout_agreement(), step)
         batch = sample_windows(train, recipe.batch_size, recipe.window_len, gen)
-        loss, _ = distill_loss(decoder, draft, batch, vocab_ids, teacher_logp)
+        loss, _ = distill_loss(decoder, draft, batch, vocab_ids, teacher.log_probs(train))
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
@@ -102,6 +104,7 @@ def train_draft(fs: FeatureSet, target, recipe: DraftRecipe, budget: Budget, out
     draft.to(torch.bfloat16).save_pretrained(out)
     if target.tokenizer is not None:
         target.tokenizer.save_pretrained(out)
+    (out / DRAFT_VOCAB_FILE).write_text(json.dumps(vocab_ids.tolist()))  # the head computes only these rows
     save_loss_curve(losses, out / "loss.png", "draft model: KL(target || draft), reduced vocabulary")
     summary = {"steps": bar.steps, "train_s": round(bar.elapsed_s, 1),
                "final_loss": sum(losses[-20:]) / max(len(losses[-20:]), 1),
@@ -112,20 +115,33 @@ def train_draft(fs: FeatureSet, target, recipe: DraftRecipe, budget: Budget, out
     return summary
 
 
-@torch.no_grad()
-def teacher_log_probs(fs: FeatureSet, teacher_head: torch.Tensor, temperature: float) -> torch.Tensor:
-    """The target's log-probabilities over the reduced vocabulary at every position of fs: [len(fs.ids), V'] fp16.
-    Every window is seen several times, so the teacher is computed once."""
-    return torch.cat([F.log_softmax(chunk.float() @ teacher_head.T / temperature, dim=-1).half()
-                      for chunk in fs.features.split(2048)])
+class Teacher:
+    """The target's log-probabilities over the reduced vocabulary, computed per batch from the cached
+    features (a table for every position would take tokens x V' x 2 bytes: ~10 GB at 600k tokens)."""
+
+    def __init__(self, head: torch.Tensor, temperature: float):
+        self.head, self.temperature = head, temperature  # head [V', H_target]
+
+    def log_probs(self, fs: FeatureSet):
+        return _LazyLogProbs(self, fs)
+
+
+class _LazyLogProbs:
+    def __init__(self, teacher: Teacher, fs: FeatureSet):
+        self.teacher, self.fs = teacher, fs
+
+    @torch.no_grad()
+    def __getitem__(self, rows: torch.Tensor) -> torch.Tensor:  # rows [n] -> [n, V'] float32
+        t = self.teacher
+        return F.log_softmax(self.fs.features[rows].float() @ t.head.T / t.temperature, dim=-1)
 
 
 def distill_loss(decoder, draft, batch, vocab_ids: torch.Tensor,
-                 teacher_logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                 teacher_logp) -> tuple[torch.Tensor, torch.Tensor]:
     """(KL over the reduced vocabulary, top-1 agreement per valid position) on a batch of sample_windows.
 
     Window pair j reads tokens up to x_{t+1} and must match the target's distribution there, which
-    is the LM head applied to the cached feature f_{t+1}; teacher_logp [len(fs.ids), V'] holds it."""
+    is the LM head applied to the cached feature f_{t+1}; teacher_logp[rows] gives it ([n, V'])."""
     _, toks, _, _, positions, valid, index = batch
     mask = valid.long()
     hidden = decoder(input_ids=toks, attention_mask=mask, position_ids=positions + 1).last_hidden_state  # [B, L-1, h]

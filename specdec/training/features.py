@@ -29,8 +29,8 @@ class FeatureCacheConfig:
     num_prompts: int = 128  # chat prompts the target answers (greedy) to make its own training text
     max_new_tokens: int = 128  # length of each target answer
     num_passages: int = 30  # raw stdlib docstring passages, teacher-forced
-    max_seq_len: int = 320  # longer sequences are cut
-    generate_batch_size: int = 32
+    max_seq_len: int = 448  # longer sequences are cut
+    generate_batch_size: int = 64  # decode throughput on 2 cores: 186 tok/s at 32, 238 at 64, 233 at 96
     seed: int = 0
 
     def key(self, target_path: str) -> str:
@@ -73,9 +73,11 @@ def generate_answers(model, prompt_ids: list[list[int]], max_new_tokens: int, ba
     The features come out of generation itself (no second pass): ids = (prompt + answer)[:-1], the
     last token's feature never being computed; features [len(ids), hidden] float32.
     """
-    out: list[tuple[list[int], torch.Tensor]] = []
-    for start in tqdm(range(0, len(prompt_ids), batch_size), desc="target answers", unit="batch"):
-        batch = prompt_ids[start:start + batch_size]
+    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))  # similar lengths: less padding
+    out: dict[int, tuple[list[int], torch.Tensor]] = {}
+    for start in tqdm(range(0, len(order), batch_size), desc="target answers", unit="batch"):
+        rows = order[start:start + batch_size]
+        batch = [prompt_ids[i] for i in rows]
         width = max(len(p) for p in batch)
         ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
@@ -94,9 +96,9 @@ def generate_answers(model, prompt_ids: list[list[int]], max_new_tokens: int, ba
             if eos_id is not None and eos_id in answer:
                 answer = answer[:answer.index(eos_id) + 1]
             feats = torch.cat([prompt_h[row, width - len(p):], step_h[row, :len(answer) - 1]]).float()
-            out.append(((list(p) + answer)[:-1], feats))
+            out[rows[row]] = ((list(p) + answer)[:-1], feats)
         del gen, prompt_h, step_h
-    return out
+    return [out[i] for i in range(len(prompt_ids))]
 
 
 @torch.inference_mode()
@@ -181,7 +183,7 @@ def build_or_load(target, config: FeatureCacheConfig, cache_root: Path,
         from specdec.training.prompts import chat_prompts, stdlib_passages
 
         prompt_ids = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                                          tokenize=False), add_special_tokens=False)[-192:]
+                                                          tokenize=False), add_special_tokens=False)[-320:]
                       for p in chat_prompts(config.seed, config.num_prompts)]
         passages = [tok.encode(p)[:256] for p in stdlib_passages(config.num_passages, config.seed)]
     eos_id = target.model.generation_config.eos_token_id

@@ -14,41 +14,7 @@ import sysconfig
 from functools import lru_cache
 from pathlib import Path
 
-TOPICS = ("a lighthouse keeper", "the first day of spring", "a robot learning to paint", "a lost city under the sea",
-          "friendship between a cat and a crow", "a journey across the desert", "climate change", "a small bakery",
-          "the history of the printing press", "learning a new language", "a rainy night in Tokyo", "space travel",
-          "a chess tournament", "the importance of sleep", "an old library", "volunteering", "a mountain village",
-          "artificial intelligence in medicine", "a family reunion", "the ocean at dawn", "a time traveller",
-          "renewable energy", "a detective in Victorian London", "a school garden", "the last dragon")
-FORMS = ("short poem", "short story", "persuasive essay", "formal email", "blog post", "speech", "haiku sequence",
-         "product description", "diary entry", "dialogue between two friends", "news article", "travel guide")
-CONCEPTS = ("photosynthesis", "inflation", "machine learning", "the water cycle", "black holes", "democracy",
-            "vaccines", "the stock market", "gravity", "DNA", "plate tectonics", "the French Revolution",
-            "blockchain", "compound interest", "the immune system", "quantum computing", "supply and demand",
-            "climate change", "the Renaissance", "electric cars", "the internet", "evolution", "antibiotics",
-            "the speed of light", "recursion in programming", "nuclear fusion", "the Roman Empire", "biodiversity",
-            "cloud computing", "the greenhouse effect", "a hash table", "entropy", "the Pythagorean theorem",
-            "the Industrial Revolution", "operating systems", "probability", "volcanoes", "the human heart")
-QUESTION_FORMS = ("What is {}?", "Explain {} in simple terms.", "Why is {} important?",
-                  "Give three key facts about {}.", "How would you explain {} to a ten-year-old?",
-                  "What are the advantages and disadvantages of {}?", "Describe the history of {}.")
-ROLES = ("a pirate captain", "a medieval knight", "a friendly librarian", "a sports coach", "a famous chef",
-         "a tour guide in Rome", "a job interviewer", "a detective", "a spaceship pilot", "a kindergarten teacher")
-CODE_TASKS = ("reverses a string", "checks whether a number is prime", "computes the Fibonacci sequence",
-              "merges two sorted lists", "counts word frequencies in a text", "finds the longest common prefix",
-              "implements binary search", "removes duplicates from a list while keeping order",
-              "parses a CSV file and sums a column", "validates an email address with a regular expression",
-              "computes the factorial of n recursively", "flattens a nested list", "implements a stack class",
-              "converts Celsius to Fahrenheit", "finds the second largest number in a list",
-              "checks whether a string is a palindrome", "computes the greatest common divisor")
-GERMAN = ("Der Hund spielt im Garten mit einem Ball.", "Ich habe gestern ein sehr interessantes Buch gelesen.",
-          "Die Regierung hat neue Maßnahmen zum Klimaschutz beschlossen.", "Morgen fahren wir mit dem Zug nach Berlin.",
-          "Das Wetter ist heute schön, aber es wird am Abend regnen.", "Kannst du mir bitte helfen, den Tisch zu tragen?",
-          "Die Wissenschaftler haben eine neue Art von Frosch entdeckt.", "Meine Schwester arbeitet als Ärztin in München.",
-          "Wir müssen die Ergebnisse der Studie sorgfältig prüfen.", "Der Film war länger als erwartet, aber sehr spannend.",
-          "Die Stadt plant, mehr Fahrradwege zu bauen.", "Nach dem Essen gingen wir am Fluss spazieren.",
-          "Das Unternehmen hat im letzten Jahr einen Rekordgewinn erzielt.", "Kinder lernen Sprachen oft schneller als Erwachsene.")
-LANGUAGES = ("French", "Spanish", "German", "Italian")
+from specdec.training import wordlists as W
 
 
 @lru_cache(maxsize=2)  # parsing ~400 files takes seconds; the result depends only on the install
@@ -71,50 +37,88 @@ def stdlib_docstrings(max_files: int = 400, min_chars: int = 200) -> tuple[tuple
 
 
 def _math_problem(rng: random.Random) -> str:
-    a, b, c = rng.randint(2, 60), rng.randint(2, 30), rng.randint(2, 12)
+    """A GSM8K-style word problem with fresh names and numbers."""
+    a, b, c, d = rng.randint(2, 60), rng.randint(2, 30), rng.randint(2, 12), rng.randint(2, 9)
+    p, q = rng.sample(W.PEOPLE, 2)
+    item = rng.choice(W.ITEMS)
     return rng.choice((
-        f"A shop sells pencils for {c} dollars each. Maria buys {a} pencils and pays with {a * c + b} dollars. "
-        "How much change does she get? Explain step by step.",
+        f"A shop sells {item} for {c} dollars each. {p} buys {a} {item} and pays with {a * c + b} dollars. "
+        "How much change does {p} get? Explain step by step.",
         f"A train travels {a * c} kilometres in {c} hours. How far does it travel in {b} hours at the same speed?",
-        f"Tom has {a} apples. He gives {min(b, a)} to his friend and then buys {c} more. How many apples does he have?",
+        f"{p} has {a} {item}. {p} gives {min(b, a)} to {q} and then buys {c} more. How many {item} does {p} have now?",
         f"Solve for x: {c}x + {b} = {c * a + b}. Show your work.",
         f"A rectangle has a length of {a} cm and a width of {b} cm. What are its area and perimeter?",
         f"What is {a}% of {b * 20}? Explain how you calculated it.",
-        f"There are {a} students in a class and {c} of them are absent. What fraction of the class is present?"))
+        f"There are {a + c} students in a class and {c} of them are absent. What fraction of the class is present?",
+        f"{p} earns {a * 5} dollars a week and saves {d} dollars more than half of it. How much does {p} save in "
+        f"{c} weeks?",
+        f"{p} reads {b} pages a day. {q} reads {b + d} pages a day. How many more pages does {q} read in {c} days?",
+        f"A recipe needs {d} eggs for {c} people. How many eggs are needed for {c * d} people?",
+        f"{p} bought {a} {item} at {c} dollars each and sold them at {c + d} dollars each. What was the profit?",
+        f"A tank holds {a * 10} litres and leaks {d} litres an hour. How long until it holds {a * 10 - d * c} litres?",
+        f"{p} is {a} years old. {q} is {b} years older. How old will {q} be in {c} years?"))
+
+
+def _german(rng: random.Random) -> str:
+    def sentence() -> str:
+        return f"{rng.choice(W.GERMAN_SUBJECTS)} {rng.choice(W.GERMAN_PREDICATES)} {rng.choice(W.GERMAN_TIMES)}."
+    return " ".join(sentence() for _ in range(rng.randint(1, 3)))
+
+
+def _prompt(kind: int, rng: random.Random, name: str, doc: str) -> str:
+    """One request of task family `kind` (0-13)."""
+    passage = doc[:rng.choice((500, 800, 1100))]
+    if kind == 0:
+        return f"Write a {rng.choice(W.FORMS)} about {rng.choice(W.TOPICS)}.{rng.choice(W.CONSTRAINTS)}"
+    if kind == 1:
+        return rng.choice(W.QUESTION_FORMS).format(rng.choice(W.CONCEPTS))
+    if kind in (2, 3):
+        return _math_problem(rng)
+    if kind == 4:
+        return f"Translate German to English: {_german(rng)}"
+    if kind == 5:
+        return rng.choice(("Summarize the following text in a few sentences.", "Write a one-paragraph summary:",
+                           "Give a short summary of this documentation.", "What are the main points of this text?")
+                          ) + f"\n\n{passage}"
+    if kind == 6:
+        return rng.choice((f"Answer the question using the passage.\n\nPassage: {passage}\n\nQuestion: "
+                           f"What does {name} do, and when would you use it?",
+                           f"Passage: {passage}\n\nBased on the passage, what is {name.split('.')[-1]} for?",
+                           f"Read this and answer briefly.\n{passage}\nQuestion: what does the text say about "
+                           f"its arguments or options?"))
+    if kind == 7:
+        lang = rng.choice(W.LANGUAGES)
+        return f"Write a {lang} function that {rng.choice(W.CODE_TASKS)}. Explain how it works."
+    if kind == 8:
+        return f"Pretend you are {rng.choice(W.ROLES)}. {rng.choice(W.SITUATIONS)}"
+    if kind == 9:
+        return rng.choice(W.FACT_QUESTIONS).format(c=rng.choice(W.COUNTRIES))
+    if kind == 10:
+        return rng.choice(W.PERSON_QUESTIONS).format(p=rng.choice(W.PEOPLE_FAMOUS))
+    if kind == 11:
+        return f"Explain the following documentation to a beginner:\n\n{passage[:600]}"
+    if kind == 12:
+        a, b = rng.sample(W.CONCEPTS, 2)
+        return rng.choice((f"Compare and contrast {a} and {b}.", f"How are {a} and {b} related, if at all?",
+                           f"Write a short essay connecting {a} and {b}."))
+    return rng.choice((f"Extract the key terms from this text and list them with one-line definitions:\n\n{passage}",
+                       f"Turn this documentation into a short FAQ with three questions and answers:\n\n{passage}",
+                       f"Write a usage example for {name}, based on its documentation:\n\n{passage[:700]}"))
 
 
 def chat_prompts(seed: int = 0, num_prompts: int = 320) -> list[str]:
-    """A seeded mix of task families, shuffled; the first num_prompts are returned."""
+    """num_prompts distinct requests, seeded, the task families in turn; different seeds give different
+    prompts (families compose word lists, numbers and stdlib docstrings at random, so repeats are rare)."""
     rng = random.Random(seed)
     docs = list(stdlib_docstrings())
     rng.shuffle(docs)
-    prompts: list[str] = []
-    for i in range(num_prompts * 2):
-        kind = i % 9
-        name, doc = docs[i % len(docs)]
-        passage = doc[:1200]
-        if kind == 0:
-            prompts.append(f"Write a {rng.choice(FORMS)} about {rng.choice(TOPICS)}.")
-        elif kind == 1:
-            prompts.append(rng.choice(QUESTION_FORMS).format(rng.choice(CONCEPTS)))
-        elif kind == 2:
-            prompts.append(_math_problem(rng))
-        elif kind == 3:
-            prompts.append(f"Translate German to English: {rng.choice(GERMAN)}" if rng.random() < 0.6 else
-                           f"Translate into {rng.choice(LANGUAGES)}: {doc.split('.')[0]}.")
-        elif kind == 4:
-            prompts.append(f"Summarize the following text in a few sentences.\n\n{passage}")
-        elif kind == 5:
-            prompts.append(f"Answer the question using the passage.\n\nPassage: {passage}\n\n"
-                           f"Question: What does {name} do, and when would you use it?")
-        elif kind == 6:
-            prompts.append(f"Write a Python function that {rng.choice(CODE_TASKS)}. Explain how it works.")
-        elif kind == 7:
-            prompts.append(f"Pretend you are {rng.choice(ROLES)}. Describe your typical day.")
-        else:
-            prompts.append(f"Explain the following documentation to a beginner:\n\n{passage[:600]}")
-    rng.shuffle(prompts)
-    return prompts[:num_prompts]
+    prompts: dict[str, None] = {}
+    attempts = 0
+    while len(prompts) < num_prompts and attempts < 20 * num_prompts:
+        name, doc = docs[attempts % len(docs)]
+        prompts.setdefault(_prompt(attempts % 14, rng, name, doc), None)
+        attempts += 1
+    return list(prompts)
 
 
 def stdlib_passages(num_passages: int, seed: int = 0) -> list[str]:

@@ -51,6 +51,12 @@ def test_every_recipe_trains_from_the_cli_and_reuses_the_feature_cache(tiny_chat
     for recipe in ("medusa", "eagle", "draft"):
         engine = Engine.from_pretrained(target=str(tiny_chat_target), drafter=recipe, draft=str(tmp_path / recipe))
         assert engine.generate([1, 2, 3, 4], greedy).token_ids == want
+        if recipe == "draft":  # the draft's head computes only its reduced vocabulary: nothing else is drafted
+            vocab = set(json.loads((tmp_path / "draft" / "draft_vocab.json").read_text()))
+            runner = engine.drafter.runner
+            assert runner.vocab_ids is not None and set(runner.vocab_ids.tolist()) == vocab
+            tree = engine.drafter.new_session().propose([1, 2, 3, 4], 6, greedy, None)
+            assert tree.num_nodes == 6 and set(tree.token_ids) <= vocab
 
 
 def test_bad_budget_is_refused(capsys):
@@ -75,3 +81,14 @@ def test_feature_set_split_and_offsets(tiny_features):
     assert len(vocab) == 10 and torch.equal(vocab, vocab.sort().values)
     labels = to_reduced(torch.tensor([int(vocab[3]), 95 if 95 not in vocab else int(vocab[0])]), vocab, 96)
     assert labels[0] == 3
+
+
+def test_shard_ranges_expand_to_one_shard_per_seed():
+    from specdec.commands.train import parse_shards
+    from specdec.errors import InvalidArgument
+
+    shards = parse_shards("3-5:7:2", 64)
+    assert [(s.seed, s.num_prompts, s.num_passages, s.max_new_tokens) for s in shards] == [
+        (3, 7, 2, 64), (4, 7, 2, 64), (5, 7, 2, 64)]
+    with pytest.raises(InvalidArgument, match="empty"):
+        parse_shards("5-3:7:2", 64)
