@@ -74,11 +74,14 @@ class DraftSeq:
     sent: tuple[int, int, float] | None = None  # (version, depth, synced_at) of the last draft sent
     prepared: tuple[list[int], DraftTree] | None = None  # (assumed commit, draft for the version after it)
     num_drafts: int = field(default=0)
+    max_tokens: int | None = None  # the target's load-aware budget from the last commit (None = no limit)
 
     def budget(self, config: DraftConfig, ahead: int = 0) -> int:
         """Draft depth for the next step, `ahead` tokens past the committed context."""
         remaining = self.params.max_new_tokens - (len(self.context) - self.prompt_len) - ahead
         k = self.controller.num_tokens() if config.adaptive else config.num_speculative_tokens
+        if self.max_tokens is not None:
+            k = min(k, self.max_tokens)
         return max(0, min(k, remaining - 1))
 
 
@@ -173,6 +176,7 @@ class DraftWorker:
         tokens = list(commit.token_ids)
         seq.context.extend(tokens)
         seq.version = commit.version
+        seq.max_tokens = commit.draft_budget if commit.HasField("draft_budget") else None
         verified = seq.sent is not None and seq.sent[0] == commit.version - 1 and (
             commit.num_drafted > 0 or seq.sent[1] == 0)  # else the target stepped without our draft
         if verified:
@@ -181,7 +185,7 @@ class DraftWorker:
             seq.controller.record(depth, min(commit.num_accepted, depth), time.monotonic() - seq.sent[2])
         seq.synced_at = time.monotonic()
         prepared, seq.prepared = seq.prepared, None
-        if prepared is not None and prepared[0] == tokens:
+        if prepared is not None and prepared[0] == tokens and seq.max_tokens != 0:
             self._send(seq, prepared[1])
             self._prepare(seq, prepared[1])
         else:
@@ -201,6 +205,8 @@ class DraftWorker:
             log.warning("draft for %s refused: %s", seq.seq_id, refusal.reason)
 
     def _send_fresh(self, seq: DraftSeq) -> None:
+        if seq.max_tokens == 0:
+            return  # under load the target verifies no drafts next step and does not wait for one
         k = seq.budget(self.config)
         tree = self._propose(seq, seq.context, k)
         self._send(seq, tree)

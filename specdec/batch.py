@@ -84,14 +84,19 @@ def _select(runner: ModelRunner, cache: DynamicCache, row: int, keep: list[int])
     return out
 
 
-def generate_batch(engine, prompts: list, params, max_batch: int = 8, chat: bool = False) -> list[list[int]]:
+def generate_batch(engine, prompts: list, params, max_batch: int = 8, chat: bool = False,
+                   load_aware: bool = True) -> list[list[int]]:
     """Continuous batching in process: up to max_batch sequences step together; a finished sequence
-    leaves and the next prompt joins between steps. Returns each prompt's generated token ids."""
+    leaves and the next prompt joins between steps. Each sequence's controller picks its draft depth,
+    capped by the load-aware budget, which also trims the batch's trees to what pays at this batch
+    size. Returns each prompt's generated token ids."""
     from specdec.adaptive import AdaptiveConfig, SpeculationController
+    from specdec.load_aware import LoadAwareBudget, LoadAwareConfig
 
+    budget = LoadAwareBudget(LoadAwareConfig(enabled=load_aware))
     queue = list(enumerate(prompts))
-    active: list[tuple[int, Sequence, object, SpeculationController]] = []
-    outputs: dict[int, list[int]] = {}
+    active: list[tuple[str, Sequence, object, SpeculationController]] = []
+    outputs: dict[str, list[int]] = {}
     while queue or active:
         while queue and len(active) < max_batch:
             index, prompt = queue.pop(0)
@@ -99,16 +104,22 @@ def generate_batch(engine, prompts: list, params, max_batch: int = 8, chat: bool
             session = engine.drafter.new_session() if engine.drafter is not None else None
             controller = SpeculationController(AdaptiveConfig(engine.config.num_speculative_tokens,
                                                               engine.config.adaptive))
-            active.append((index, seq, session, controller))
-        trees, starts = [], []
-        for _, seq, session, controller in active:
-            k = min(controller.num_tokens() if session is not None else 0, seq.num_remaining - 1)
-            starts.append(time.perf_counter())
+            active.append((str(index), seq, session, controller))
+            budget.add(str(index))
+        keys, trees = [a[0] for a in active], []
+        start = time.perf_counter()
+        for key, seq, session, controller in active:
+            k = min(controller.num_tokens() if session is not None else 0, budget.hint(key), seq.num_remaining - 1)
             trees.append(session.propose(seq.context, k, seq.params, seq.generator) if k > 0 else DraftTree.empty())
+        trees = budget.allocate(keys, trees)
+        verify_start = time.perf_counter()
         results = step_batch(engine.runner, [a[1] for a in active], trees)
-        for (index, seq, _, controller), step, t0 in zip(active, results, starts):
-            controller.record(step.depth, min(step.num_accepted, step.depth), time.perf_counter() - t0)
+        budget.record(keys, trees, results, time.perf_counter() - verify_start)
+        step_s = time.perf_counter() - start
+        for (key, seq, _, controller), step in zip(active, results):
+            controller.record(step.depth, min(step.num_accepted, step.depth), step_s)
             if seq.finish_reason is not None:
-                outputs[index] = list(seq.generated_ids)
+                outputs[key] = list(seq.generated_ids)
+                budget.remove(key)
         active = [a for a in active if a[1].finish_reason is None]
-    return [outputs[i] for i in range(len(prompts))]
+    return [outputs[str(i)] for i in range(len(prompts))]

@@ -25,8 +25,10 @@ class SelfDraft:
         self.controller = SpeculationController(AdaptiveConfig(engine.config.num_speculative_tokens,
                                                                engine.config.adaptive))
 
-    def propose(self, seq: Sequence) -> tuple[DraftTree, float]:
-        k = min(self.controller.num_tokens(), seq.num_remaining - 1, self.engine.max_len - len(seq.context) - 1)
+    def propose(self, seq: Sequence, max_tokens: int = 1 << 16) -> tuple[DraftTree, float]:
+        """A draft of at most max_tokens (the load-aware budget) for seq; (tree, seconds spent drafting)."""
+        k = min(self.controller.num_tokens(), max_tokens, seq.num_remaining - 1,
+                self.engine.max_len - len(seq.context) - 1)
         start = time.perf_counter()
         tree = self.session.propose(seq.context, k, seq.params, seq.generator) if k > 0 else DraftTree.empty()
         return tree, time.perf_counter() - start

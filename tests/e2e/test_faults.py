@@ -62,7 +62,7 @@ def test_stale_and_malformed_drafts_are_refused(tiny_models, reference):
     prompt = [5, 6, 7, 8]
     expected = reference("none", prompt, params).token_ids
     config = TargetConfig(model=str(tiny_models["target"]), dtype="float32", num_threads=1, draft_wait_s=60.0,
-                          max_tree_nodes=8)
+                          max_tree_nodes=8, load_aware=False)  # the protocol, not the depth policy: verify all
     with running("target", config) as target, grpc.insecure_channel(target.address) as channel:
         stub = target_pb2_grpc.TargetWorkerStub(channel)
         commits = stub.Admit(target_pb2.AdmitRequest(sequence_id="s1", prompt_ids=prompt, params=params_to_pb(params),
