@@ -21,6 +21,8 @@ from specdec.serving_config import RouterConfig, add_config_args, config_from_ar
 
 log = logging.getLogger(__name__)
 RELEASE_TIMEOUT_S = 2.0
+TARGET_INFO_TIMEOUT_S = 2.0
+MAX_USER_LEN = 256
 NO_DEADLINE_S = 1e8  # grpc reports "no deadline" as a huge time remaining
 
 
@@ -37,7 +39,12 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         self.targets = WorkerPool(config.targets, target_pb2_grpc.TargetWorkerStub)
         # a target that drafts for itself (Medusa, EAGLE, ...) gets no draft worker
         self.drafts = WorkerPool(() if target_info.drafter else config.drafts, draft_pb2_grpc.DraftWorkerStub)
-        self.admission = Admission(config.max_active, config.max_queue)
+        self.admission = Admission(config.max_active, config.max_queue, len(config.targets),
+                                   config.max_active_per_user, config.max_queued_per_user,
+                                   is_healthy=lambda index: self.targets.workers[index].healthy)
+        self.admission.update_target(0, target_info.kv_capacity_tokens, target_info.max_sequences)
+        for index in range(1, len(config.targets)):
+            self._refresh_target(index, TARGET_INFO_TIMEOUT_S)
         self.encoder = PromptEncoder(config.tokenizer or target_info.model_path, target_info.vocab_size)
 
     def Generate(self, request, context):
@@ -49,17 +56,18 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                                   f"exceeds the model's context of {max_len} tokens")
         if params.stop and self.encoder.tokenizer is None:
             raise InvalidArgument("stop strings need a model with a tokenizer")
-        self.admission.acquire(context.is_active, lambda: time_remaining(context))
+        if len(request.user) > MAX_USER_LEN:
+            raise InvalidArgument(f"user is {len(request.user)} characters long; the limit is {MAX_USER_LEN}")
+        ticket = self.admission.acquire(context.is_active, lambda: time_remaining(context),
+                                        request.user or context.peer(), len(prompt_ids) + params.max_new_tokens)
         try:
-            yield from self._generate(prompt_ids, params, context)
+            yield from self._generate(ticket.target, prompt_ids, params, context)
         finally:
-            self.admission.release()
+            self.admission.release(ticket)
 
-    def _generate(self, prompt_ids, params, context):
+    def _generate(self, target_index, prompt_ids, params, context):
         start = time.perf_counter()
-        target = self.targets.acquire()
-        if target is None:
-            raise Unavailable("no healthy target worker")
+        target = self.targets.workers[target_index]
         draft = self.drafts.acquire()
         seq_id = uuid.uuid4().hex
         call = target.stub.Admit(target_pb2.AdmitRequest(
@@ -74,11 +82,12 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.UNAVAILABLE:
                 self.targets.bench(target)
+            elif exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:  # full beyond this router's ledger
+                self._refresh_target(target_index, RELEASE_TIMEOUT_S)
             raise
         finally:
             call.cancel()
             self._release(target, seq_id)
-            self.targets.release(target)
             if draft is not None:
                 self._release(draft, seq_id)
                 self.drafts.release(draft)
@@ -125,20 +134,54 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         except grpc.RpcError as exc:
             log.warning("release of %s at %s failed: %s", seq_id, worker.address, exc.code())
 
+    def _refresh_target(self, index: int, timeout_s: float) -> common_pb2.WorkerInfo | None:
+        """Ask a target for its KV capacity and slots (what admission plans with); None if it did not answer."""
+        worker = self.targets.workers[index]
+        try:
+            info = worker.stub.GetWorkerInfo(common_pb2.WorkerInfoRequest(), timeout=timeout_s)
+        except grpc.RpcError as exc:
+            log.warning("target %s did not report its capacity: %s", worker.address, exc.code())
+            return None
+        self.admission.update_target(index, info.kv_capacity_tokens, info.max_sequences)
+        return info
+
     def GetServerInfo(self, request, context):
-        active, queued = self.admission.counts()
         info = generation_pb2.ServerInfo(
             version=package_version(), model_path=self.target_info.model_path,
             vocab_size=self.target_info.vocab_size, max_context_len=self.target_info.max_context_len,
-            num_active=active, num_queued=queued, max_active=self.config.max_active, max_queue=self.config.max_queue)
-        for pool, out in ((self.targets, info.targets), (self.drafts, info.drafts)):
-            for worker in pool.workers:
-                status = out.add(address=worker.address, healthy=worker.healthy)
-                try:
-                    status.info.CopyFrom(worker.stub.GetWorkerInfo(common_pb2.WorkerInfoRequest(), timeout=2.0))
-                except grpc.RpcError:
-                    status.healthy = False
+            max_active=self.config.max_active, max_queue=self.config.max_queue,
+            max_active_per_user=self.config.max_active_per_user, max_queued_per_user=self.config.max_queued_per_user)
+        for index, worker in enumerate(self.targets.workers):
+            reported = self._refresh_target(index, TARGET_INFO_TIMEOUT_S)
+            status = info.targets.add(address=worker.address, healthy=worker.healthy and reported is not None)
+            if reported is not None:
+                status.info.CopyFrom(reported)
+                info.kv_used_tokens += reported.kv_used_tokens
+                info.num_verify_forwards += reported.num_verify_forwards
+                info.num_sequence_steps += reported.num_sequence_steps
+                info.max_batch_seen = max(info.max_batch_seen, reported.max_batch_seen)
+        for worker in self.drafts.workers:
+            status = info.drafts.add(address=worker.address, healthy=worker.healthy)
+            try:
+                status.info.CopyFrom(worker.stub.GetWorkerInfo(common_pb2.WorkerInfoRequest(),
+                                                               timeout=TARGET_INFO_TIMEOUT_S))
+            except grpc.RpcError:
+                status.healthy = False
+        if info.num_verify_forwards:
+            info.mean_batch_size = info.num_sequence_steps / info.num_verify_forwards
+        _add_admission_figures(info, self.admission.figures())  # after the refresh: capacities are current
         return info
+
+
+def _add_admission_figures(info: generation_pb2.ServerInfo, figures) -> None:
+    info.num_active, info.num_queued = figures.num_active, figures.num_queued
+    info.num_admitted, info.num_rejected, info.num_abandoned = (figures.num_admitted, figures.num_rejected,
+                                                                 figures.num_abandoned)
+    info.queue_wait_p50_s, info.queue_wait_p99_s = figures.wait_p50_s, figures.wait_p99_s
+    info.kv_capacity_tokens, info.kv_reserved_tokens = figures.kv_capacity_tokens, figures.kv_reserved_tokens
+    for user, (active, queued) in sorted(figures.users.items()):
+        info.users.add(user=user, num_active=active, num_queued=queued)
+        info.num_users_waiting += queued > 0
 
 
 def package_version() -> str:

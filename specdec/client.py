@@ -32,8 +32,8 @@ class StreamChunk:
     output: GenerationOutput | None = None
 
 
-def _request(prompt, params: SamplingParams | None, chat: bool) -> generation_pb2.GenerateRequest:
-    request = generation_pb2.GenerateRequest(chat=chat, params=params_to_pb(params or SamplingParams()))
+def _request(prompt, params: SamplingParams | None, chat: bool, user: str) -> generation_pb2.GenerateRequest:
+    request = generation_pb2.GenerateRequest(chat=chat, params=params_to_pb(params or SamplingParams()), user=user)
     prompt_to_pb(request, prompt)
     return request
 
@@ -55,9 +55,11 @@ class Client:
         self.stub = generation_pb2_grpc.GenerationStub(self.channel)
 
     def stream(self, prompt, params: SamplingParams | None = None, chat: bool = False,
-               timeout_s: float | None = None) -> Iterator[StreamChunk]:
-        """Yields chunks as the router streams them; closing the iterator cancels the request."""
-        call = self.stub.Generate(_request(prompt, params, chat), timeout=timeout_s)
+               timeout_s: float | None = None, user: str = "") -> Iterator[StreamChunk]:
+        """Yields chunks as the router streams them; closing the iterator cancels the request.
+
+        `user` names who asks, for the router's fair queueing ("" = this connection)."""
+        call = self.stub.Generate(_request(prompt, params, chat, user), timeout=timeout_s)
         token_ids: list[int] = []
         try:
             for response in call:
@@ -68,8 +70,8 @@ class Client:
             call.cancel()
 
     def generate(self, prompt, params: SamplingParams | None = None, chat: bool = False,
-                 timeout_s: float | None = None) -> GenerationOutput:
-        for chunk in self.stream(prompt, params, chat, timeout_s):
+                 timeout_s: float | None = None, user: str = "") -> GenerationOutput:
+        for chunk in self.stream(prompt, params, chat, timeout_s, user):
             if chunk.output is not None:
                 return chunk.output
         raise _missing_final()
@@ -101,8 +103,8 @@ class AsyncClient:
         self.stub = generation_pb2_grpc.GenerationStub(self.channel)
 
     async def stream(self, prompt, params: SamplingParams | None = None, chat: bool = False,
-                     timeout_s: float | None = None) -> AsyncIterator[StreamChunk]:
-        call = self.stub.Generate(_request(prompt, params, chat), timeout=timeout_s)
+                     timeout_s: float | None = None, user: str = "") -> AsyncIterator[StreamChunk]:
+        call = self.stub.Generate(_request(prompt, params, chat, user), timeout=timeout_s)
         token_ids: list[int] = []
         try:
             async for response in call:
@@ -113,8 +115,8 @@ class AsyncClient:
             call.cancel()
 
     async def generate(self, prompt, params: SamplingParams | None = None, chat: bool = False,
-                       timeout_s: float | None = None) -> GenerationOutput:
-        async for chunk in self.stream(prompt, params, chat, timeout_s):
+                       timeout_s: float | None = None, user: str = "") -> GenerationOutput:
+        async for chunk in self.stream(prompt, params, chat, timeout_s, user):
             if chunk.output is not None:
                 return chunk.output
         raise _missing_final()

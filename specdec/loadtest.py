@@ -38,6 +38,7 @@ class LevelResult:
     acceptance_rate: float
     tau: float
     elapsed_s: float
+    mean_batch_size: float = 0.0  # the server's sequences per verify forward during this level (0 = unknown)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -48,6 +49,19 @@ def percentile(values: list[float], q: float) -> float:
         return 0.0
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+def _batch_counts(address: str) -> tuple[int, int] | None:
+    """(sequence steps, verify forwards) summed over the server's targets; None if it does not say."""
+    from specdec.client import Client
+    from specdec.errors import SpecdecError
+
+    try:
+        with Client(address) as client:
+            info = client.server_info()
+    except SpecdecError:
+        return None
+    return info.num_sequence_steps, info.num_verify_forwards
 
 
 def run_level(address: str, concurrency: int, num_requests: int, params: SamplingParams,
@@ -90,6 +104,7 @@ def run_level(address: str, concurrency: int, num_requests: int, params: Samplin
                     totals["accepted"] += out.stats.num_accepted_tokens
                     totals["forwards"] += out.stats.num_target_forwards
 
+    counts_before = _batch_counts(address)
     start = time.perf_counter()
     threads = [threading.Thread(target=user, daemon=True) for _ in range(concurrency)]
     for t in threads:
@@ -97,11 +112,15 @@ def run_level(address: str, concurrency: int, num_requests: int, params: Samplin
     for t in threads:
         t.join(timeout_s)
     elapsed = time.perf_counter() - start
+    counts_after = _batch_counts(address)
+    mean_batch = 0.0
+    if counts_before and counts_after and counts_after[1] > counts_before[1]:
+        mean_batch = (counts_after[0] - counts_before[0]) / (counts_after[1] - counts_before[1])
     return LevelResult(
         concurrency, num_requests, len(errors), totals["tokens"] / elapsed if elapsed > 0 else 0.0,
         percentile(ttfts, 50), percentile(ttfts, 99), percentile(tpots, 50), percentile(tpots, 99),
         totals["accepted"] / totals["drafted"] if totals["drafted"] else 0.0,
-        totals["tokens"] / totals["forwards"] if totals["forwards"] else 0.0, elapsed)
+        totals["tokens"] / totals["forwards"] if totals["forwards"] else 0.0, elapsed, mean_batch)
 
 
 def plot(runs: dict[str, list[LevelResult]], path: str) -> None:

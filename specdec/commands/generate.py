@@ -42,6 +42,8 @@ def add_parser(subparsers) -> None:
                    help="call a running router (`specdec serve`) instead of loading models here; the model "
                         "and drafter flags are then the server's business")
     p.add_argument("--timeout-s", type=float, default=None, help="deadline of the call (with --server)")
+    p.add_argument("--user", default="", help="who asks, for the server's fair queueing (with --server; "
+                                              "default: this connection)")
     p.set_defaults(run=run)
 
 
@@ -57,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
         from specdec.client import Client
 
         with Client(args.server) as client:
-            return _print(args, lambda: client.stream(args.prompt, params, chat=args.chat, timeout_s=args.timeout_s))
+            return _print(args, lambda: client.stream(args.prompt, params, chat=args.chat, timeout_s=args.timeout_s,
+                                                      user=args.user))
     if args.tp > 1 and "WORLD_SIZE" not in os.environ:  # the launcher: re-run this command as N ranks
         from transformers import AutoConfig
 

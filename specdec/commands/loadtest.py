@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"[{label}] concurrency {result.concurrency}: {result.output_tokens_per_s:.1f} tok/s, "
                       f"ttft p50 {result.ttft_p50_s:.2f}s p99 {result.ttft_p99_s:.2f}s, tpot p50 "
                       f"{result.tpot_p50_s * 1000:.0f}ms p99 {result.tpot_p99_s * 1000:.0f}ms, acceptance "
-                      f"{result.acceptance_rate:.2f}, errors {result.num_errors}", file=sys.stderr, flush=True)
+                      f"{result.acceptance_rate:.2f}, server batch {result.mean_batch_size:.2f}, "
+                      f"errors {result.num_errors}", file=sys.stderr, flush=True)
     if args.plot:
         plot(runs, args.plot)
     if args.json:

@@ -67,12 +67,13 @@ def test_serve_embedded_stack_matches_in_process():
 
 def test_serve_config_file(tmp_path, tiny_models, reference):
     config = tmp_path / "stack.yaml"
-    config.write_text(f"router: {{max_queue: 2}}\n"
-                      f"targets:\n  - {{model: {tiny_models['target']}, dtype: float32, num_threads: 1}}\n"
+    config.write_text(f"router: {{max_queue: 2, max_active_per_user: 2}}\n"
+                      f"targets:\n  - {{model: {tiny_models['target']}, dtype: float32, num_threads: 1, "
+                      f"max_kv_tokens: 4096}}\n"
                       f"drafts:\n  - {{drafter: ngram, target_model: {tiny_models['target']}}}\n")
     process, address = serve(["--config", str(config)])
     try:
-        out = generate_json(address, "Hello", "--max-new-tokens", "20")
+        out = generate_json(address, "Hello", "--max-new-tokens", "20", "--user", "alice")
         bad = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", "", "--server", address],
                              capture_output=True, text=True, env=ENV, timeout=60)
     finally:

@@ -26,6 +26,7 @@ def test_reports_every_level(draft_stack: Stack, tmp_path):
         assert 0 < level["ttft_p50_s"] <= level["ttft_p99_s"]
         assert 0 < level["tpot_p50_s"] <= level["tpot_p99_s"]
         assert level["tau"] >= 1.0
+        assert level["mean_batch_size"] >= 1.0  # the server's own figure, sequences per verify forward
     assert plot.stat().st_size > 1000
 
 
