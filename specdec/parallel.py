@@ -8,6 +8,7 @@ replicated (they are small), so every rank verifies the same tree and commits th
 """
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 import subprocess
@@ -38,13 +39,18 @@ def world_size() -> int:
     return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
 
 
-def init_from_env() -> int:
-    """Join the process group described by RANK / WORLD_SIZE / MASTER_* (set by `launch`); returns world size."""
+def init_from_env(timeout_s: float | None = None) -> int:
+    """Join the process group described by RANK / WORLD_SIZE / MASTER_* (set by `launch`); returns world size.
+
+    timeout_s bounds every collective (torch's default is 30 min): a server's ranks must notice a
+    hung peer sooner, and never wait that long idle.
+    """
     if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) <= 1:
         return 1
     if not torch.distributed.is_initialized():
+        timeout = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
         torch.distributed.init_process_group("gloo", rank=int(os.environ["RANK"]),
-                                             world_size=int(os.environ["WORLD_SIZE"]))
+                                             world_size=int(os.environ["WORLD_SIZE"]), **timeout)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size()))
     return world_size()
 

@@ -1,0 +1,71 @@
+"""The tensor-parallel target's bookkeeping in one process: a Follower fed what rank 0's Mirror sends
+commits exactly rank 0's tokens (unseeded sampling with in-target drafts included) and holds no
+sequence that rank 0 has let go of. The processes themselves are tested in e2e/test_tp_serving.py."""
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from specdec.batch import step_batch
+from specdec.core.tree import DraftTree
+from specdec.core.types import SamplingParams
+from specdec.engine import Engine
+from target_service.tp import Follower, Mirror, Stop
+
+SAMPLED = SamplingParams(temperature=1.0, max_new_tokens=20, ignore_eos=True)  # unseeded
+GREEDY = SamplingParams(max_new_tokens=20, ignore_eos=True)
+PROMPT = [5, 6, 7, 5, 6, 7, 5, 6]
+
+
+@pytest.fixture
+def pair(tiny_target, one_thread):
+    """(rank 0's engine with an ngram drafter, its active Mirror, a Follower fed synchronously)."""
+    lead = Engine.from_pretrained(tiny_target, drafter="ngram", dtype="float32", adaptive=False)  # always drafts
+    follower = Follower(Engine.from_pretrained(tiny_target, dtype="float32"))
+    mirror = Mirror(active=True)
+    mirror._send = follower.replay  # no collectives without a group: replaying first is the same
+    return lead, mirror, follower
+
+
+def step(mirror: Mirror, seqs, drafts) -> int:
+    """What TargetWorker._loop does: draft on rank 0, mirror, verify in one batch; returns nodes drafted."""
+    trees = [draft.propose(seq)[0] for seq, draft in zip(seqs, drafts)]
+    mirror.step(seqs, trees)
+    step_batch(seqs[0].runner, seqs, trees)
+    return sum(t.num_nodes for t in trees)
+
+
+def test_follower_commits_rank0s_tokens_then_drops_finished(pair):
+    lead, mirror, follower = pair
+    opened = [mirror.admit(lead, PROMPT, params) for params in (SAMPLED, GREEDY)]
+    seqs, drafts = [s for s, _ in opened], [d for _, d in opened]
+    handles, num_drafted = sorted(follower.seqs), 0
+    while all(s.finish_reason is None for s in seqs):
+        num_drafted += step(mirror, seqs, drafts)
+        if seqs[0].finish_reason is None:  # before the follower drops them at their end
+            assert [follower.seqs[h].generated_ids for h in handles] == [s.generated_ids for s in seqs]
+    assert num_drafted > 0  # the follower verified rank 0's drafts, which it cannot draft itself
+    assert follower.seqs == {}  # both ended on the same step, alike on every rank
+
+
+def test_follower_drops_what_rank0_let_go_of_at_the_next_step(pair):
+    lead, mirror, follower = pair
+    kept, kept_draft = mirror.admit(lead, PROMPT, GREEDY)
+    released, released_draft = mirror.admit(lead, [9, 8, 7], SAMPLED)
+    step(mirror, [kept, released], [kept_draft, released_draft])
+    del released, released_draft  # what TargetWorker.release leaves behind once the step is over
+    gc.collect()
+    assert len(follower.seqs) == 2
+    step(mirror, [kept], [kept_draft])
+    assert list(follower.seqs.values()) == [follower.seqs[mirror.handles[kept]]]
+    assert follower.replay(Stop()) is False
+
+
+def test_inactive_mirror_sends_nothing(tiny_target, one_thread):
+    lead = Engine.from_pretrained(tiny_target, dtype="float32")
+    mirror = Mirror()
+    mirror._send = lambda op: pytest.fail(f"sent {op}")
+    seq, draft = mirror.admit(lead, PROMPT, GREEDY)
+    mirror.step([seq], [DraftTree.empty()])
+    assert draft is None and len(seq.context) == len(PROMPT)
