@@ -27,17 +27,27 @@ class TargetConfig:
     max_tree_nodes: int = 64
     max_sequences: int = 64
     max_batch: int = 8  # ready sequences verified together in one forward (1 = one at a time)
+    # KV cache budget in tokens: each admitted sequence reserves prompt + max_new_tokens of it for its
+    # life, so a full cache refuses admission (RESOURCE_EXHAUSTED) instead of failing mid-generation.
+    # 0 = max_sequences x the model's context (room for every slot at full length).
+    max_kv_tokens: int = 0
     num_threads: int = 0  # torch intra-op threads; 0 = torch's default
+    # Tensor-parallel degree: the worker runs as this many processes that split the model (rank 0
+    # serves gRPC, the others follow it); it must divide the attention and key-value head counts.
+    tp: int = 1
     # Drafting inside the target (sequences then need no draft worker): none | ngram | draft | medusa |
     # eagle. Medusa and EAGLE heads read the target's features, so they can only run here.
     drafter: str = "none"
     draft: str | None = None  # trained checkpoint dir of that drafter (None = the shipped one, if any)
     num_speculative_tokens: int = 8
     adaptive: bool = True
+    # Trim every batch's drafts to the depth that measured costs and acceptance say pays at this batch
+    # size (specdec.load_aware), and tell drafters how much to draft: speculation never slows a loaded server.
+    load_aware: bool = True
 
     def __post_init__(self) -> None:
         if (self.draft_wait_s < 0 or self.max_missed_drafts < 0 or self.max_tree_nodes < 1 or self.max_sequences < 1
-                or self.max_batch < 1):
+                or self.max_batch < 1 or self.max_kv_tokens < 0 or self.tp < 1):
             raise InvalidArgument(f"invalid target config {self}")
 
 
@@ -73,9 +83,14 @@ class RouterConfig:
     max_active: int = 8  # generations running at once
     max_queue: int = 32  # generations waiting; beyond: RESOURCE_EXHAUSTED
     worker_timeout_s: float = 10.0  # unary calls to workers (admission waits for prefill)
+    # Fairness between users (GenerateRequest.user; anonymous = per connection): waiting requests are
+    # served user by user, fewest running first. These caps bound one user's share; 0 = no cap of its own.
+    max_active_per_user: int = 0
+    max_queued_per_user: int = 0
 
     def __post_init__(self) -> None:
-        if self.max_active < 1 or self.max_queue < 0 or self.worker_timeout_s <= 0:
+        if (self.max_active < 1 or self.max_queue < 0 or self.worker_timeout_s <= 0 or self.max_active_per_user < 0
+                or self.max_queued_per_user < 0):
             raise InvalidArgument(f"invalid router config {self}")
 
 

@@ -58,7 +58,16 @@ class TargetServicer(target_pb2_grpc.TargetWorkerServicer):
                                      num_sequence_steps=self.worker.num_sequence_steps,
                                      max_batch_seen=self.worker.max_batch_seen,
                                      max_batch=self.worker.config.max_batch,
-                                     drafter="" if engine.drafter is None else self.worker.config.drafter)
+                                     tp_degree=self.worker.config.tp,
+                                     drafter="" if engine.drafter is None else self.worker.config.drafter,
+                                     **_kv_fields(self.worker.kv_figures()))
+
+
+def _kv_fields(kv) -> dict:
+    """KV budget and sequence slots, as WorkerInfo fields (what the router's admission plans with)."""
+    return dict(kv_capacity_tokens=kv.capacity_tokens, kv_reserved_tokens=kv.reserved_tokens,
+                kv_used_tokens=kv.used_tokens, num_sequences=kv.num_sequences, max_sequences=kv.max_sequences,
+                num_refused=kv.num_refused)
 
 
 def _drain(outbox: queue.Queue, context):
@@ -74,25 +83,33 @@ def _drain(outbox: queue.Queue, context):
 
 
 def serve(config: TargetConfig) -> int:
+    """One target worker; with --tp N, rank 0 of N processes (started here unless torchrun started them)."""
+    import os
+
     import torch
 
-    from specdec.engine import Engine
+    from specdec.drafters import build_drafter
+    from specdec.engine import Engine, EngineConfig
     from specdec.models.loader import load_model, pick_dtype
+    from target_service import tp, tp_group
 
+    if config.tp > 1 and "WORLD_SIZE" not in os.environ:  # the launcher: this same command as N ranks
+        return tp_group.launch(config)
+    rank = tp_group.join(config)
     if config.num_threads > 0:
         torch.set_num_threads(config.num_threads)
-    from specdec.drafters import build_drafter
-    from specdec.engine import EngineConfig
-
     dtype = pick_dtype(config.dtype)
-    loaded = load_model(config.model, dtype)
-    engine = Engine(loaded, build_drafter(config.drafter, loaded, config.draft, {}, dtype),
-                    EngineConfig(num_speculative_tokens=config.num_speculative_tokens, adaptive=config.adaptive))
-    worker = TargetWorker(engine, config)
+    loaded = load_model(config.model, dtype, tp_degree=config.tp)
+    engine_config = EngineConfig(num_speculative_tokens=config.num_speculative_tokens, adaptive=config.adaptive)
+    if rank > 0:  # a follower: no drafter, no gRPC, only rank 0's model calls
+        return tp.follow(Engine(loaded, None, engine_config))
+    engine = Engine(loaded, build_drafter(config.drafter, loaded, config.draft, {}, dtype), engine_config)
+    mirror = tp.Mirror(active=config.tp > 1)
+    worker = TargetWorker(engine, config, mirror)
+    mirror.start(worker.model_lock)
     running = start_server(lambda s: target_pb2_grpc.add_TargetWorkerServicer_to_server(TargetServicer(worker), s),
                            ["specdec.v1.TargetWorker"], config.port)
-    return run_until_signalled(running, "target", on_stop=worker.stop)
-
+    return run_until_signalled(running, "target", on_stop=lambda: (worker.stop(), mirror.stop()))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,12 +21,15 @@ from specdec.batch import step_batch
 from specdec.core.tree import DraftTree, tree_layout
 from specdec.core.types import SamplingParams
 from specdec.engine import Engine
-from specdec.errors import InvalidArgument, ResourceExhausted
+from specdec.errors import InvalidArgument
+from specdec.load_aware import NO_CAP, LoadAwareBudget, LoadAwareConfig
 from specdec.rpc.trees import tree_from_pb
 from specdec.rpc.v1 import target_pb2
 from specdec.sequence import Sequence
 from specdec.serving_config import TargetConfig
-from target_service.self_draft import SelfDraft, open_sequence
+from target_service.kv_room import KvFigures, KvRoom
+from target_service.self_draft import SelfDraft
+from target_service.tp import Mirror
 
 log = logging.getLogger(__name__)
 Refusal = target_pb2.Refusal
@@ -58,17 +61,22 @@ class SeqState:
     # (outside the lock), so drafts and refusals are judged against this snapshot instead.
     version: int = 0
     context_len: int = 0
+    kv_tokens: int = 0  # KV cache reserved for this sequence (prompt + max_new_tokens), see KvRoom
 
 
 class TargetWorker:
-    def __init__(self, engine: Engine, config: TargetConfig):
+    def __init__(self, engine: Engine, config: TargetConfig, mirror: Mirror | None = None):
         self.engine = engine
         self.config = config
         self.cond = threading.Condition()
         self.model_lock = threading.Lock()
+        self.mirror = mirror or Mirror()  # tensor-parallel followers replay every model call (none at tp 1)
         self.seqs: dict[str, SeqState] = {}
         self.num_served = 0
         self.num_verify_forwards = self.num_sequence_steps = self.max_batch_seen = 0  # batching figures
+        self.budget = LoadAwareBudget(LoadAwareConfig(enabled=config.load_aware))  # under cond
+        # KV budget, under cond; by default every slot may reach the full context
+        self.kv = KvRoom(config.max_kv_tokens or config.max_sequences * engine.max_len, config.max_sequences)
         self.stopped = False
         self.thread = threading.Thread(target=self._loop, name="target-decode", daemon=True)
         self.thread.start()
@@ -79,17 +87,20 @@ class TargetWorker:
         if len(prompt_ids) + params.max_new_tokens > self.engine.max_len:
             raise InvalidArgument(f"prompt ({len(prompt_ids)} tokens) plus max_new_tokens ({params.max_new_tokens}) "
                                   f"exceeds the model's context of {self.engine.max_len} tokens")
+        kv_tokens = self.kv.check_possible(len(prompt_ids), params.max_new_tokens)
         with self.cond:
             if seq_id in self.seqs:
                 raise InvalidArgument(f"sequence {seq_id!r} is already admitted")
-            if len(self.seqs) >= self.config.max_sequences:
-                raise ResourceExhausted(f"target holds {len(self.seqs)} sequences, its limit")
-        with self.model_lock:  # prefill
-            seq, self_draft = open_sequence(self.engine, prompt_ids, params)
+            self.kv.check_room(self.seqs, kv_tokens)
+        with self.model_lock:  # prefill, on every tensor-parallel rank
+            seq, self_draft = self.mirror.admit(self.engine, prompt_ids, params)
         state = SeqState(seq, expect_drafts and self_draft is None, self_draft=self_draft,
                          version=seq.version, context_len=len(seq.context))
         with self.cond:
+            self.kv.check_room(self.seqs, kv_tokens)  # again: a concurrent admission may have taken the room
+            state.kv_tokens = kv_tokens
             self.seqs[seq_id] = state
+            self.budget.add(seq_id)
             self.cond.notify_all()
         return state
 
@@ -98,6 +109,7 @@ class TargetWorker:
             state = self.seqs.pop(seq_id, None)
             if state is None:
                 return False
+            self.budget.remove(seq_id)
             self.num_served += 1
         state.outbox.put(None)
         return True
@@ -147,6 +159,10 @@ class TargetWorker:
         with self.cond:
             return sorted(self.seqs), self.num_served
 
+    def kv_figures(self) -> KvFigures:
+        with self.cond:
+            return self.kv.figures(self.seqs)
+
     def stop(self) -> None:
         with self.cond:
             self.stopped = True
@@ -154,10 +170,10 @@ class TargetWorker:
         self.thread.join(timeout=5.0)
 
     # -- the decoding thread ------------------------------------------------------------------
-    def _ready(self, state: SeqState, now: float) -> tuple[bool, float]:
+    def _ready(self, seq_id: str, state: SeqState, now: float) -> tuple[bool, float]:
         """(ready to step, seconds until it will be ready if nobody sends a draft)."""
-        if state.pending is not None or state.self_draft is not None:
-            return True, 0.0
+        if state.pending is not None or state.self_draft is not None or self.budget.hint(seq_id) == 0:
+            return True, 0.0  # a draft is in, or none is needed: the next step verifies no drafts
         live = any(link.alive for link in state.drafters)
         waits = (live or state.expect_drafts) and state.missed < self.config.max_missed_drafts
         if not waits:
@@ -174,7 +190,7 @@ class TargetWorker:
         wait_s = 0.5
         picked = []
         for seq_id, state in sorted(self.seqs.items(), key=lambda kv: kv[1].version_since):
-            ready, left = self._ready(state, now)
+            ready, left = self._ready(seq_id, state, now)
             if ready and len(picked) < self.config.max_batch:
                 tree, state.pending = state.pending, None
                 picked.append((seq_id, state, tree))
@@ -192,15 +208,23 @@ class TargetWorker:
                 picked = self._pick()
             if not picked:
                 continue
+            keys = [seq_id for seq_id, _, _ in picked]
             with self.model_lock:
                 trees, draft_times = [], []
-                for _, state, tree in picked:
+                for seq_id, state, tree in picked:
                     draft_s = 0.0
                     if tree is None and state.self_draft is not None:
-                        tree, draft_s = state.self_draft.propose(state.seq)
+                        with self.cond:
+                            max_tokens = self.budget.hint(seq_id)
+                        tree, draft_s = state.self_draft.propose(state.seq, max_tokens)
                     trees.append(tree if tree is not None else DraftTree.empty())
                     draft_times.append(draft_s)
+                with self.cond:  # load-aware: verify only as deep as pays at this batch size
+                    trees = self.budget.allocate(keys, trees)
+                start = time.perf_counter()
                 steps = self._step_all(picked, trees)
+                with self.cond:
+                    self.budget.record(keys, trees, steps, time.perf_counter() - start)
             for (seq_id, state, tree), step, draft_s in zip(picked, steps, draft_times):
                 if step is None:
                     continue
@@ -211,6 +235,7 @@ class TargetWorker:
     def _step_all(self, picked, trees) -> list:
         """One batched verify forward; if it fails, each sequence alone, so one bad sequence fails alone."""
         seqs = [state.seq for _, state, _ in picked]
+        self.mirror.step(seqs, trees)  # tensor-parallel followers run the same forward
         self.num_verify_forwards += 1
         self.num_sequence_steps += len(seqs)
         self.max_batch_seen = max(self.max_batch_seen, len(seqs))
@@ -237,6 +262,9 @@ class TargetWorker:
         with self.cond:
             if self.seqs.get(seq_id) is not state:  # released while stepping
                 return
+            budget = self.budget.hint(seq_id)
+            if budget != NO_CAP:
+                commit.draft_budget = budget
             state.version_since = time.monotonic()
             state.version, state.context_len = seq.version, len(seq.context)
             state.pending = None  # anything queued during the step was built on the old version
@@ -244,6 +272,7 @@ class TargetWorker:
                 link.send(target_pb2.VerifyMessage(sequence_id=seq_id, commit=commit))
             if seq.finish_reason is not None:
                 del self.seqs[seq_id]
+                self.budget.remove(seq_id)
                 self.num_served += 1
         state.outbox.put(commit)
         if seq.finish_reason is not None:

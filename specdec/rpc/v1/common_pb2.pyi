@@ -62,7 +62,7 @@ class WorkerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("kind", "model_path", "vocab_size", "max_context_len", "sequence_ids", "drafter", "num_served", "max_tree_nodes", "num_verify_forwards", "num_sequence_steps", "max_batch_seen", "max_batch")
+    __slots__ = ("kind", "model_path", "vocab_size", "max_context_len", "sequence_ids", "drafter", "num_served", "max_tree_nodes", "num_verify_forwards", "num_sequence_steps", "max_batch_seen", "max_batch", "kv_capacity_tokens", "kv_reserved_tokens", "kv_used_tokens", "num_sequences", "max_sequences", "num_refused", "tp_degree")
     KIND_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +75,13 @@ class WorkerInfo(_message.Message):
     NUM_SEQUENCE_STEPS_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_SEEN_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
+    KV_CAPACITY_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_RESERVED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_USED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    MAX_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    NUM_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    TP_DEGREE_FIELD_NUMBER: _ClassVar[int]
     kind: str
     model_path: str
     vocab_size: int
@@ -87,4 +94,11 @@ class WorkerInfo(_message.Message):
     num_sequence_steps: int
     max_batch_seen: int
     max_batch: int
-    def __init__(self, kind: _Optional[str] = ..., model_path: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context_len: _Optional[int] = ..., sequence_ids: _Optional[_Iterable[str]] = ..., drafter: _Optional[str] = ..., num_served: _Optional[int] = ..., max_tree_nodes: _Optional[int] = ..., num_verify_forwards: _Optional[int] = ..., num_sequence_steps: _Optional[int] = ..., max_batch_seen: _Optional[int] = ..., max_batch: _Optional[int] = ...) -> None: ...
+    kv_capacity_tokens: int
+    kv_reserved_tokens: int
+    kv_used_tokens: int
+    num_sequences: int
+    max_sequences: int
+    num_refused: int
+    tp_degree: int
+    def __init__(self, kind: _Optional[str] = ..., model_path: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context_len: _Optional[int] = ..., sequence_ids: _Optional[_Iterable[str]] = ..., drafter: _Optional[str] = ..., num_served: _Optional[int] = ..., max_tree_nodes: _Optional[int] = ..., num_verify_forwards: _Optional[int] = ..., num_sequence_steps: _Optional[int] = ..., max_batch_seen: _Optional[int] = ..., max_batch: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., kv_reserved_tokens: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., num_sequences: _Optional[int] = ..., max_sequences: _Optional[int] = ..., num_refused: _Optional[int] = ..., tp_degree: _Optional[int] = ...) -> None: ...

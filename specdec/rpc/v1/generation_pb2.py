@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from specdec.rpc.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bspecdec/v1/generation.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"7\n\nChatPrompt\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.specdec.v1.ChatMessage\"\x1a\n\x0bTokenPrompt\x12\x0b\n\x03ids\x18\x01 \x03(\x03\"\xbf\x01\n\x0fGenerateRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12*\n\x08messages\x18\x02 \x01(\x0b\x32\x16.specdec.v1.ChatPromptH\x00\x12,\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x17.specdec.v1.TokenPromptH\x00\x12\x0c\n\x04\x63hat\x18\x04 \x01(\x08\x12*\n\x06params\x18\x05 \x01(\x0b\x32\x1a.specdec.v1.SamplingParamsB\x08\n\x06prompt\"v\n\tFinalInfo\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12*\n\x05stats\x18\x02 \x01(\x0b\x32\x1b.specdec.v1.GenerationStats\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\x03\x12\x0c\n\x04text\x18\x04 \x01(\t\"Y\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12$\n\x05\x66inal\x18\x03 \x01(\x0b\x32\x15.specdec.v1.FinalInfo\"\x16\n\x14GetServerInfoRequest\"V\n\x0cWorkerStatus\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0f\n\x07healthy\x18\x02 \x01(\x08\x12$\n\x04info\x18\x03 \x01(\x0b\x32\x16.specdec.v1.WorkerInfo\"\x82\x02\n\nServerInfo\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x12\n\nmodel_path\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\x03\x12\x17\n\x0fmax_context_len\x18\x04 \x01(\x03\x12\x12\n\nnum_active\x18\x05 \x01(\x05\x12\x12\n\nnum_queued\x18\x06 \x01(\x05\x12\x12\n\nmax_active\x18\x07 \x01(\x05\x12\x11\n\tmax_queue\x18\x08 \x01(\x05\x12)\n\x07targets\x18\t \x03(\x0b\x32\x18.specdec.v1.WorkerStatus\x12(\n\x06\x64rafts\x18\n \x03(\x0b\x32\x18.specdec.v1.WorkerStatus2\xa0\x01\n\nGeneration\x12G\n\x08Generate\x12\x1b.specdec.v1.GenerateRequest\x1a\x1c.specdec.v1.GenerateResponse0\x01\x12I\n\rGetServerInfo\x12 .specdec.v1.GetServerInfoRequest\x1a\x16.specdec.v1.ServerInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bspecdec/v1/generation.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"7\n\nChatPrompt\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.specdec.v1.ChatMessage\"\x1a\n\x0bTokenPrompt\x12\x0b\n\x03ids\x18\x01 \x03(\x03\"\xcd\x01\n\x0fGenerateRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12*\n\x08messages\x18\x02 \x01(\x0b\x32\x16.specdec.v1.ChatPromptH\x00\x12,\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x17.specdec.v1.TokenPromptH\x00\x12\x0c\n\x04\x63hat\x18\x04 \x01(\x08\x12*\n\x06params\x18\x05 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x0c\n\x04user\x18\x06 \x01(\tB\x08\n\x06prompt\"v\n\tFinalInfo\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12*\n\x05stats\x18\x02 \x01(\x0b\x32\x1b.specdec.v1.GenerationStats\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\x03\x12\x0c\n\x04text\x18\x04 \x01(\t\"Y\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12$\n\x05\x66inal\x18\x03 \x01(\x0b\x32\x15.specdec.v1.FinalInfo\"\x16\n\x14GetServerInfoRequest\"V\n\x0cWorkerStatus\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0f\n\x07healthy\x18\x02 \x01(\x08\x12$\n\x04info\x18\x03 \x01(\x0b\x32\x16.specdec.v1.WorkerInfo\"\xad\x05\n\nServerInfo\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x12\n\nmodel_path\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\x03\x12\x17\n\x0fmax_context_len\x18\x04 \x01(\x03\x12\x12\n\nnum_active\x18\x05 \x01(\x05\x12\x12\n\nnum_queued\x18\x06 \x01(\x05\x12\x12\n\nmax_active\x18\x07 \x01(\x05\x12\x11\n\tmax_queue\x18\x08 \x01(\x05\x12)\n\x07targets\x18\t \x03(\x0b\x32\x18.specdec.v1.WorkerStatus\x12(\n\x06\x64rafts\x18\n \x03(\x0b\x32\x18.specdec.v1.WorkerStatus\x12\x19\n\x11num_users_waiting\x18\x0b \x01(\x05\x12#\n\x05users\x18\x0c \x03(\x0b\x32\x14.specdec.v1.UserLoad\x12\x14\n\x0cnum_admitted\x18\r \x01(\x03\x12\x14\n\x0cnum_rejected\x18\x0e \x01(\x03\x12\x15\n\rnum_abandoned\x18\x0f \x01(\x03\x12\x18\n\x10queue_wait_p50_s\x18\x10 \x01(\x01\x12\x18\n\x10queue_wait_p99_s\x18\x11 \x01(\x01\x12\x1a\n\x12kv_capacity_tokens\x18\x12 \x01(\x03\x12\x1a\n\x12kv_reserved_tokens\x18\x13 \x01(\x03\x12\x16\n\x0ekv_used_tokens\x18\x14 \x01(\x03\x12\x1b\n\x13num_verify_forwards\x18\x15 \x01(\x03\x12\x1a\n\x12num_sequence_steps\x18\x16 \x01(\x03\x12\x17\n\x0fmean_batch_size\x18\x17 \x01(\x01\x12\x16\n\x0emax_batch_seen\x18\x18 \x01(\x03\x12\x1b\n\x13max_active_per_user\x18\x19 \x01(\x05\x12\x1b\n\x13max_queued_per_user\x18\x1a \x01(\x05\"@\n\x08UserLoad\x12\x0c\n\x04user\x18\x01 \x01(\t\x12\x12\n\nnum_active\x18\x02 \x01(\x05\x12\x12\n\nnum_queued\x18\x03 \x01(\x05\x32\xa0\x01\n\nGeneration\x12G\n\x08Generate\x12\x1b.specdec.v1.GenerateRequest\x1a\x1c.specdec.v1.GenerateResponse0\x01\x12I\n\rGetServerInfo\x12 .specdec.v1.GetServerInfoRequest\x1a\x16.specdec.v1.ServerInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,17 +40,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENPROMPT']._serialized_start=171
   _globals['_TOKENPROMPT']._serialized_end=197
   _globals['_GENERATEREQUEST']._serialized_start=200
-  _globals['_GENERATEREQUEST']._serialized_end=391
-  _globals['_FINALINFO']._serialized_start=393
-  _globals['_FINALINFO']._serialized_end=511
-  _globals['_GENERATERESPONSE']._serialized_start=513
-  _globals['_GENERATERESPONSE']._serialized_end=602
-  _globals['_GETSERVERINFOREQUEST']._serialized_start=604
-  _globals['_GETSERVERINFOREQUEST']._serialized_end=626
-  _globals['_WORKERSTATUS']._serialized_start=628
-  _globals['_WORKERSTATUS']._serialized_end=714
-  _globals['_SERVERINFO']._serialized_start=717
-  _globals['_SERVERINFO']._serialized_end=975
-  _globals['_GENERATION']._serialized_start=978
-  _globals['_GENERATION']._serialized_end=1138
+  _globals['_GENERATEREQUEST']._serialized_end=405
+  _globals['_FINALINFO']._serialized_start=407
+  _globals['_FINALINFO']._serialized_end=525
+  _globals['_GENERATERESPONSE']._serialized_start=527
+  _globals['_GENERATERESPONSE']._serialized_end=616
+  _globals['_GETSERVERINFOREQUEST']._serialized_start=618
+  _globals['_GETSERVERINFOREQUEST']._serialized_end=640
+  _globals['_WORKERSTATUS']._serialized_start=642
+  _globals['_WORKERSTATUS']._serialized_end=728
+  _globals['_SERVERINFO']._serialized_start=731
+  _globals['_SERVERINFO']._serialized_end=1416
+  _globals['_USERLOAD']._serialized_start=1418
+  _globals['_USERLOAD']._serialized_end=1482
+  _globals['_GENERATION']._serialized_start=1485
+  _globals['_GENERATION']._serialized_end=1645
 # @@protoc_insertion_point(module_scope)

@@ -29,18 +29,20 @@ class TokenPrompt(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("text", "messages", "token_ids", "chat", "params")
+    __slots__ = ("text", "messages", "token_ids", "chat", "params", "user")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
     text: str
     messages: ChatPrompt
     token_ids: TokenPrompt
     chat: bool
     params: _common_pb2.SamplingParams
-    def __init__(self, text: _Optional[str] = ..., messages: _Optional[_Union[ChatPrompt, _Mapping]] = ..., token_ids: _Optional[_Union[TokenPrompt, _Mapping]] = ..., chat: _Optional[bool] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+    user: str
+    def __init__(self, text: _Optional[str] = ..., messages: _Optional[_Union[ChatPrompt, _Mapping]] = ..., token_ids: _Optional[_Union[TokenPrompt, _Mapping]] = ..., chat: _Optional[bool] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., user: _Optional[str] = ...) -> None: ...
 
 class FinalInfo(_message.Message):
     __slots__ = ("finish_reason", "stats", "prompt_token_ids", "text")
@@ -79,7 +81,7 @@ class WorkerStatus(_message.Message):
     def __init__(self, address: _Optional[str] = ..., healthy: _Optional[bool] = ..., info: _Optional[_Union[_common_pb2.WorkerInfo, _Mapping]] = ...) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("version", "model_path", "vocab_size", "max_context_len", "num_active", "num_queued", "max_active", "max_queue", "targets", "drafts")
+    __slots__ = ("version", "model_path", "vocab_size", "max_context_len", "num_active", "num_queued", "max_active", "max_queue", "targets", "drafts", "num_users_waiting", "users", "num_admitted", "num_rejected", "num_abandoned", "queue_wait_p50_s", "queue_wait_p99_s", "kv_capacity_tokens", "kv_reserved_tokens", "kv_used_tokens", "num_verify_forwards", "num_sequence_steps", "mean_batch_size", "max_batch_seen", "max_active_per_user", "max_queued_per_user")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +92,22 @@ class ServerInfo(_message.Message):
     MAX_QUEUE_FIELD_NUMBER: _ClassVar[int]
     TARGETS_FIELD_NUMBER: _ClassVar[int]
     DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_USERS_WAITING_FIELD_NUMBER: _ClassVar[int]
+    USERS_FIELD_NUMBER: _ClassVar[int]
+    NUM_ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    NUM_REJECTED_FIELD_NUMBER: _ClassVar[int]
+    NUM_ABANDONED_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_WAIT_P50_S_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_WAIT_P99_S_FIELD_NUMBER: _ClassVar[int]
+    KV_CAPACITY_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_RESERVED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_USED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_VERIFY_FORWARDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SEQUENCE_STEPS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_SEEN_FIELD_NUMBER: _ClassVar[int]
+    MAX_ACTIVE_PER_USER_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUED_PER_USER_FIELD_NUMBER: _ClassVar[int]
     version: str
     model_path: str
     vocab_size: int
@@ -100,4 +118,30 @@ class ServerInfo(_message.Message):
     max_queue: int
     targets: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
     drafts: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
-    def __init__(self, version: _Optional[str] = ..., model_path: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context_len: _Optional[int] = ..., num_active: _Optional[int] = ..., num_queued: _Optional[int] = ..., max_active: _Optional[int] = ..., max_queue: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., drafts: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ...) -> None: ...
+    num_users_waiting: int
+    users: _containers.RepeatedCompositeFieldContainer[UserLoad]
+    num_admitted: int
+    num_rejected: int
+    num_abandoned: int
+    queue_wait_p50_s: float
+    queue_wait_p99_s: float
+    kv_capacity_tokens: int
+    kv_reserved_tokens: int
+    kv_used_tokens: int
+    num_verify_forwards: int
+    num_sequence_steps: int
+    mean_batch_size: float
+    max_batch_seen: int
+    max_active_per_user: int
+    max_queued_per_user: int
+    def __init__(self, version: _Optional[str] = ..., model_path: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context_len: _Optional[int] = ..., num_active: _Optional[int] = ..., num_queued: _Optional[int] = ..., max_active: _Optional[int] = ..., max_queue: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., drafts: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., num_users_waiting: _Optional[int] = ..., users: _Optional[_Iterable[_Union[UserLoad, _Mapping]]] = ..., num_admitted: _Optional[int] = ..., num_rejected: _Optional[int] = ..., num_abandoned: _Optional[int] = ..., queue_wait_p50_s: _Optional[float] = ..., queue_wait_p99_s: _Optional[float] = ..., kv_capacity_tokens: _Optional[int] = ..., kv_reserved_tokens: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., num_verify_forwards: _Optional[int] = ..., num_sequence_steps: _Optional[int] = ..., mean_batch_size: _Optional[float] = ..., max_batch_seen: _Optional[int] = ..., max_active_per_user: _Optional[int] = ..., max_queued_per_user: _Optional[int] = ...) -> None: ...
+
+class UserLoad(_message.Message):
+    __slots__ = ("user", "num_active", "num_queued")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    NUM_ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    NUM_QUEUED_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    num_active: int
+    num_queued: int
+    def __init__(self, user: _Optional[str] = ..., num_active: _Optional[int] = ..., num_queued: _Optional[int] = ...) -> None: ...

@@ -53,8 +53,9 @@ class GenerationServicer:
     def Generate(self, request, context):
         """Generates a continuation of one prompt. Streams a GenerateResponse per verify step (text delta
         and token ids); the last one carries `final`. Errors: INVALID_ARGUMENT (bad prompt or
-        parameters), RESOURCE_EXHAUSTED (queue full), UNAVAILABLE (no healthy target), DEADLINE_EXCEEDED,
-        CANCELLED. Cancelling the call releases the sequence at every worker.
+        parameters, or more KV cache than any target has), RESOURCE_EXHAUSTED (queue full),
+        UNAVAILABLE (no healthy target), DEADLINE_EXCEEDED, CANCELLED. Cancelling the call releases
+        the sequence at every worker.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -22,7 +22,7 @@ class AdmitRequest(_message.Message):
     def __init__(self, sequence_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., expect_drafts: _Optional[bool] = ...) -> None: ...
 
 class Commit(_message.Message):
-    __slots__ = ("sequence_id", "version", "token_ids", "text", "num_drafted", "num_accepted", "verify_s", "prefill_s", "finish_reason")
+    __slots__ = ("sequence_id", "version", "token_ids", "text", "num_drafted", "num_accepted", "verify_s", "prefill_s", "finish_reason", "draft_budget")
     SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +32,7 @@ class Commit(_message.Message):
     VERIFY_S_FIELD_NUMBER: _ClassVar[int]
     PREFILL_S_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_BUDGET_FIELD_NUMBER: _ClassVar[int]
     sequence_id: str
     version: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -41,7 +42,8 @@ class Commit(_message.Message):
     verify_s: float
     prefill_s: float
     finish_reason: str
-    def __init__(self, sequence_id: _Optional[str] = ..., version: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., verify_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., finish_reason: _Optional[str] = ...) -> None: ...
+    draft_budget: int
+    def __init__(self, sequence_id: _Optional[str] = ..., version: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., verify_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., finish_reason: _Optional[str] = ..., draft_budget: _Optional[int] = ...) -> None: ...
 
 class SparseDistribution(_message.Message):
     __slots__ = ("token_ids", "probs")
