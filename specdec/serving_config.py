@@ -27,6 +27,9 @@ class TargetConfig:
     max_tree_nodes: int = 64
     max_sequences: int = 64
     max_batch: int = 8  # ready sequences verified together in one forward (1 = one at a time)
+    # Once one sequence is ready, wait up to this long for the other sequences' drafts, so the sequences
+    # of a step stay in one batch (their drafts arrive milliseconds apart). 0 = step whatever is ready.
+    batch_wait_s: float = 0.02
     # KV cache budget in tokens: each admitted sequence reserves prompt + max_new_tokens of it for its
     # life, so a full cache refuses admission (RESOURCE_EXHAUSTED) instead of failing mid-generation.
     # 0 = max_sequences x the model's context (room for every slot at full length).
@@ -46,7 +49,8 @@ class TargetConfig:
     load_aware: bool = True
 
     def __post_init__(self) -> None:
-        if (self.draft_wait_s < 0 or self.max_missed_drafts < 0 or self.max_tree_nodes < 1 or self.max_sequences < 1
+        if (self.draft_wait_s < 0 or self.batch_wait_s < 0 or self.max_missed_drafts < 0 or self.max_tree_nodes < 1
+                or self.max_sequences < 1
                 or self.max_batch < 1 or self.max_kv_tokens < 0 or self.tp < 1):
             raise InvalidArgument(f"invalid target config {self}")
 

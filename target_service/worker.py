@@ -27,6 +27,7 @@ from specdec.rpc.trees import tree_from_pb
 from specdec.rpc.v1 import target_pb2
 from specdec.sequence import Sequence
 from specdec.serving_config import TargetConfig
+from target_service.batch_former import form_batch
 from target_service.kv_room import KvFigures, KvRoom
 from target_service.self_draft import SelfDraft
 from target_service.tp import Mirror
@@ -54,6 +55,7 @@ class SeqState:
     outbox: queue.Queue = field(default_factory=queue.Queue)  # Commits for the router; None ends the stream
     drafters: set = field(default_factory=set)  # live DrafterLinks that sent drafts for this sequence
     pending: DraftTree | None = None  # validated draft for seq.version
+    draft_at: float = 0.0  # when `pending` arrived
     version_since: float = field(default_factory=time.monotonic)
     missed: int = 0  # steps in a row that waited in vain for a draft
     self_draft: SelfDraft | None = None  # in-target drafting, when the worker has a drafter
@@ -75,6 +77,7 @@ class TargetWorker:
         self.num_served = 0
         self.num_verify_forwards = self.num_sequence_steps = self.max_batch_seen = 0  # batching figures
         self.budget = LoadAwareBudget(LoadAwareConfig(enabled=config.load_aware))  # under cond
+        self.last_step_end = 0.0  # monotonic time the last verify step ended (batch formation)
         # KV budget, under cond; by default every slot may reach the full context
         self.kv = KvRoom(config.max_kv_tokens or config.max_sequences * engine.max_len, config.max_sequences)
         self.stopped = False
@@ -151,7 +154,7 @@ class TargetWorker:
             return link.send(_refusal(msg.sequence_id, kind, reason, version, context))
         with self.cond:
             if self.seqs.get(msg.sequence_id) is state and state.version == version and state.pending is None:
-                state.pending = tree
+                state.pending, state.draft_at = tree, time.monotonic()
                 self.cond.notify_all()
         return None
 
@@ -170,35 +173,21 @@ class TargetWorker:
         self.thread.join(timeout=5.0)
 
     # -- the decoding thread ------------------------------------------------------------------
-    def _ready(self, seq_id: str, state: SeqState, now: float) -> tuple[bool, float]:
-        """(ready to step, seconds until it will be ready if nobody sends a draft)."""
-        if state.pending is not None or state.self_draft is not None or self.budget.hint(seq_id) == 0:
-            return True, 0.0  # a draft is in, or none is needed: the next step verifies no drafts
-        live = any(link.alive for link in state.drafters)
-        waits = (live or state.expect_drafts) and state.missed < self.config.max_missed_drafts
-        if not waits:
-            return True, 0.0
-        left = state.version_since + self.config.draft_wait_s - now
-        if left <= 0:
-            state.missed += 1
-            return True, 0.0
-        return False, left
-
     def _pick(self) -> list[tuple[str, SeqState, DraftTree | None]]:
         """Up to max_batch ready sequences (those waiting longest first), or [] after waiting."""
-        now = time.monotonic()
-        wait_s = 0.5
-        picked = []
-        for seq_id, state in sorted(self.seqs.items(), key=lambda kv: kv[1].version_since):
-            ready, left = self._ready(seq_id, state, now)
-            if ready and len(picked) < self.config.max_batch:
-                tree, state.pending = state.pending, None
-                picked.append((seq_id, state, tree))
-            elif not ready:
-                wait_s = min(wait_s, left)
-        if not picked:
+        ids, wait_s = form_batch(self.seqs, self._needs_draft, time.monotonic(), self.config, self.last_step_end)
+        if not ids:
             self.cond.wait(timeout=wait_s)
+        picked = []
+        for seq_id in ids:
+            state = self.seqs[seq_id]
+            tree, state.pending = state.pending, None
+            picked.append((seq_id, state, tree))
         return picked
+
+    def _needs_draft(self, seq_id: str) -> bool:
+        """Whether the sequence's next step waits for a draft worker's draft."""
+        return self.seqs[seq_id].self_draft is None and self.budget.hint(seq_id) != 0
 
     def _loop(self) -> None:
         while True:
@@ -225,6 +214,7 @@ class TargetWorker:
                 steps = self._step_all(picked, trees)
                 with self.cond:
                     self.budget.record(keys, trees, steps, time.perf_counter() - start)
+                    self.last_step_end = time.monotonic()
             for (seq_id, state, tree), step, draft_s in zip(picked, steps, draft_times):
                 if step is None:
                     continue
