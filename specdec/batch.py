@@ -9,31 +9,34 @@ Sequences differ in cache length and tree size, so each step pads them into one 
     positions [B, N]                  L_i + depth
 After the forward each sequence keeps its own cache entries plus the columns of its root and accepted
 path (kv.keep_rows' rule), so the per-sequence state is exactly what `Sequence.step` would leave.
-Padding costs copies of the caches each step; on a CPU that is small next to the weight reads it saves.
+The stacked cache stays in a `BatchCache` between steps of the same batch (specdec.batch_cache).
 """
 from __future__ import annotations
 
 import time
 
 import torch
-from transformers import DynamicCache
 
-from specdec.core import kv
+from specdec.batch_cache import BatchCache
 from specdec.core.tree import DraftTree, tree_layout
 from specdec.models.runner import ModelRunner
 from specdec.sequence import Sequence, StepResult
 
 
-def step_batch(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree]) -> list[StepResult]:
-    """Verify trees[i] for seqs[i] (all unfinished) in one forward; returns each sequence's StepResult."""
+def step_batch(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree],
+               pool: BatchCache | None = None) -> list[StepResult]:
+    """Verify trees[i] for seqs[i] (all unfinished) in one forward; returns each sequence's StepResult.
+
+    pool: keeps the stacked cache for the next step of the same batch (None: stack and split per call)."""
     if len(seqs) == 1:
         return [seqs[0].step(trees[0])]
     start = time.perf_counter()
     layouts = [tree_layout(t.parent_ids) for t in trees]
-    cache_lens = [kv.num_cached(s.cache) for s in seqs]
+    own_pool = pool is None
+    pool = BatchCache(runner) if own_pool else pool
+    cache, cache_lens = pool.take(seqs)
     num_rows = [layout.num_rows for layout in layouts]
     max_len, max_rows, batch = max(cache_lens), max(num_rows), len(seqs)
-    cache = _stack_caches(runner, seqs, cache_lens, max_len)
     ids = torch.zeros(batch, max_rows, dtype=torch.long)
     positions = torch.zeros(batch, max_rows, dtype=torch.long)
     bias = torch.full((batch, 1, max_rows, max_len + max_rows), torch.finfo(runner.dtype).min, dtype=runner.dtype)
@@ -50,38 +53,13 @@ def step_batch(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree]
     flat = torch.cat([hidden[i, :n] for i, n in enumerate(num_rows)])  # [sum rows, hidden]
     logits = runner.logits(flat).split(num_rows)  # B x [rows_i, vocab]
     verify_s = time.perf_counter() - start
-    results = []
-    for i, (seq, tree, layout) in enumerate(zip(seqs, trees, layouts)):
-        result = seq.verify(tree, layout, logits[i])
-        keep = list(range(cache_lens[i])) + [max_len + r for r in (0, *result.accepted_rows)]
-        seq.cache = _select(runner, cache, i, keep)
-        results.append(seq.commit_verified(tree, layout, result, hidden[i, :num_rows[i]], verify_s))
+    verdicts = [seq.verify(tree, layout, logits[i]) for i, (seq, tree, layout) in enumerate(zip(seqs, trees, layouts))]
+    pool.commit([[0, *v.accepted_rows] for v in verdicts])  # root + accepted path, per row
+    results = [seq.commit_verified(tree, layout, v, hidden[i, :num_rows[i]], verify_s)
+               for i, (seq, tree, layout, v) in enumerate(zip(seqs, trees, layouts, verdicts))]
+    if own_pool or all(seq.finish_reason is not None for seq in seqs):
+        pool.release()
     return results
-
-
-def _stack_caches(runner: ModelRunner, seqs: list[Sequence], lens: list[int], max_len: int) -> DynamicCache:
-    cache = runner.new_cache()
-    for layer_idx in range(len(seqs[0].cache.layers)):
-        layers = [s.cache.layers[layer_idx] for s in seqs]
-        ref = next(layer.keys for layer in layers if layer.keys is not None and layer.keys.numel())
-        keys = ref.new_zeros(len(seqs), ref.shape[1], max_len, ref.shape[3])
-        values = torch.zeros_like(keys)
-        for i, layer in enumerate(layers):
-            if lens[i]:
-                keys[i, :, :lens[i]] = layer.keys[0]
-                values[i, :, :lens[i]] = layer.values[0]
-        cache.update(keys, values, layer_idx)
-    return cache
-
-
-def _select(runner: ModelRunner, cache: DynamicCache, row: int, keep: list[int]) -> DynamicCache:
-    """Sequence `row`'s entries `keep` (positions in the batched cache) as its own cache."""
-    index = torch.tensor(keep, dtype=torch.long)
-    out = runner.new_cache()
-    for layer_idx, layer in enumerate(cache.layers):
-        out.update(layer.keys[row:row + 1].index_select(2, index), layer.values[row:row + 1].index_select(2, index),
-                   layer_idx)
-    return out
 
 
 def generate_batch(engine, prompts: list, params, max_batch: int = 8, chat: bool = False,
@@ -94,6 +72,7 @@ def generate_batch(engine, prompts: list, params, max_batch: int = 8, chat: bool
     from specdec.load_aware import LoadAwareBudget, LoadAwareConfig
 
     budget = LoadAwareBudget(LoadAwareConfig(enabled=load_aware))
+    pool = BatchCache(engine.runner)
     queue = list(enumerate(prompts))
     active: list[tuple[str, Sequence, object, SpeculationController]] = []
     outputs: dict[str, list[int]] = {}
@@ -113,7 +92,7 @@ def generate_batch(engine, prompts: list, params, max_batch: int = 8, chat: bool
             trees.append(session.propose(seq.context, k, seq.params, seq.generator) if k > 0 else DraftTree.empty())
         trees = budget.allocate(keys, trees)
         verify_start = time.perf_counter()
-        results = step_batch(engine.runner, [a[1] for a in active], trees)
+        results = step_batch(engine.runner, [a[1] for a in active], trees, pool)
         budget.record(keys, trees, results, time.perf_counter() - verify_start)
         step_s = time.perf_counter() - start
         for (key, seq, _, controller), step in zip(active, results):

@@ -42,6 +42,7 @@ class Sequence:
         self.generator = None if params.greedy else make_generator(params.seed)
         self.text = TextStream(tokenizer, params.stop)
         self.cache = runner.new_cache()
+        self.cache_lender = None  # a BatchCache holding this cache stacked with others (cache is None then)
         self.finish_reason: str | None = None
         self.hidden: torch.Tensor | None = None  # [hidden] target feature at the last root (self-drafting heads)
         # keep_features: the target feature of every cached position, in cache order, as chunks
@@ -65,6 +66,8 @@ class Sequence:
 
     def step(self, tree: DraftTree) -> StepResult:
         assert self.finish_reason is None, "step() on a finished sequence"
+        if self.cache_lender is not None:  # stepping alone: take the cache back from the batch
+            self.cache_lender.release()
         start = time.perf_counter()
         layout = tree_layout(tree.parent_ids)
         num_cached = kv.num_cached(self.cache)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from specdec.batch import step_batch
+from specdec.batch_cache import BatchCache
 from specdec.core.tree import DraftTree
 from specdec.core.types import SamplingParams
 from specdec.errors import Unavailable
@@ -152,6 +153,7 @@ class Follower:
     def __init__(self, engine):
         self.engine = engine
         self.seqs: dict[int, Sequence] = {}
+        self.batch_cache = BatchCache(engine.runner)  # as rank 0 keeps one: same shapes, same results
 
     def replay(self, op) -> bool:
         """Run one operation of rank 0's; False once told to stop."""
@@ -171,7 +173,7 @@ class Follower:
             for seq, state in zip(batch, op.generator_states):
                 if state is not None:
                     seq.generator.set_state(state)
-            _step_all(self.engine.runner, batch, op.trees)
+            _step_all(self.engine.runner, batch, op.trees, self.batch_cache)
             for handle in [*op.drops, *(h for h, s in zip(op.handles, batch) if s.finish_reason is not None)]:
                 self.seqs.pop(handle, None)
         return True
@@ -188,11 +190,11 @@ def follow(engine) -> int:
             return 0
 
 
-def _step_all(runner, seqs: list[Sequence], trees: list[DraftTree]) -> None:
+def _step_all(runner, seqs: list[Sequence], trees: list[DraftTree], pool: BatchCache) -> None:
     """TargetWorker._step_all's path: one batched forward, else each sequence alone (ranks must agree)."""
     if len(seqs) > 1:
         try:
-            step_batch(runner, seqs, trees)
+            step_batch(runner, seqs, trees, pool)
             return
         except Exception:  # noqa: BLE001
             log.exception("batched verify failed; stepping sequences one by one")

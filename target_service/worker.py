@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from specdec.batch import step_batch
+from specdec.batch_cache import BatchCache
 from specdec.core.tree import DraftTree, tree_layout
 from specdec.core.types import SamplingParams
 from specdec.engine import Engine
@@ -78,6 +79,7 @@ class TargetWorker:
         self.num_verify_forwards = self.num_sequence_steps = self.max_batch_seen = 0  # batching figures
         self.budget = LoadAwareBudget(LoadAwareConfig(enabled=config.load_aware))  # under cond
         self.last_step_end = 0.0  # monotonic time the last verify step ended (batch formation)
+        self.batch_cache = BatchCache(engine.runner)  # the last batch's stacked KV cache (decode thread only)
         # KV budget, under cond; by default every slot may reach the full context
         self.kv = KvRoom(config.max_kv_tokens or config.max_sequences * engine.max_len, config.max_sequences)
         self.stopped = False
@@ -231,7 +233,7 @@ class TargetWorker:
         self.max_batch_seen = max(self.max_batch_seen, len(seqs))
         if len(seqs) > 1:
             try:
-                return step_batch(self.engine.runner, seqs, trees)
+                return step_batch(self.engine.runner, seqs, trees, self.batch_cache)
             except Exception:  # noqa: BLE001
                 log.exception("batched verify failed; stepping sequences one by one")
         steps = []

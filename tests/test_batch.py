@@ -25,3 +25,33 @@ def test_batched_greedy_equals_alone(tiny_target, tiny_noisy_draft, config):
     for want, got in zip(alone, batched):
         assert got[:len(want)] == want
         assert len(got) == 30
+
+
+def test_kept_batch_cache_equals_stacking_afresh(tiny_target):
+    """A BatchCache kept across steps (with trees, a changing batch and a lone step in between) leaves
+    every sequence bitwise the same cache, tokens and versions as stacking the caches every step."""
+    import torch
+
+    from specdec.batch import step_batch
+    from specdec.batch_cache import BatchCache
+    from specdec.core.tree import DraftTree
+    from specdec.sequence import Sequence
+
+    engine = Engine.from_pretrained(target=tiny_target)
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+
+    def fresh():
+        return [Sequence(engine.runner, p, params) for p in PROMPTS[:4]]
+
+    kept, afresh, pool = fresh(), fresh(), BatchCache(engine.runner)
+    trees = [DraftTree.chain([5, 6]), DraftTree((7, 8, 9), (-1, -1, 0)), DraftTree.empty(), DraftTree.chain([1])]
+    plan = [[0, 1, 2, 3]] * 3 + [[0, 1, 3]] * 2 + [[2]] + [[0, 1, 2, 3]] * 2  # shrink, a lone step, regrow
+    for rows in plan:
+        a = step_batch(engine.runner, [kept[i] for i in rows], [trees[i] for i in rows], pool)
+        b = step_batch(engine.runner, [afresh[i] for i in rows], [trees[i] for i in rows])
+        assert [r.token_ids for r in a] == [r.token_ids for r in b]
+    pool.release()
+    for x, y in zip(kept, afresh):
+        assert x.context == y.context and x.version == y.version and x.cache_lender is None
+        for lx, ly in zip(x.cache.layers, y.cache.layers):
+            assert torch.equal(lx.keys, ly.keys) and torch.equal(lx.values, ly.values)
