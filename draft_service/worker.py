@@ -169,14 +169,14 @@ class DraftWorker:
             return
         if commit.version <= seq.version:
             return  # already known from a refusal's context
-        if commit.version != seq.version + 1:  # we missed a commit: ask for the state
+        seq.max_tokens = commit.draft_budget if commit.HasField("draft_budget") else None
+        if commit.version != seq.version + 1:  # we missed commits (none are sent while the budget is 0): ask
             seq.prepared = None
             self._send(seq, DraftTree.empty())
             return
         tokens = list(commit.token_ids)
         seq.context.extend(tokens)
         seq.version = commit.version
-        seq.max_tokens = commit.draft_budget if commit.HasField("draft_budget") else None
         verified = seq.sent is not None and seq.sent[0] == commit.version - 1 and (
             commit.num_drafted > 0 or seq.sent[1] == 0)  # else the target stepped without our draft
         if verified:

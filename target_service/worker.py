@@ -260,8 +260,12 @@ class TargetWorker:
             state.version_since = time.monotonic()
             state.version, state.context_len = seq.version, len(seq.context)
             state.pending = None  # anything queued during the step was built on the old version
-            for link in state.drafters:
-                link.send(target_pb2.VerifyMessage(sequence_id=seq_id, commit=commit))
+            # While its budget is 0 the draft worker has nothing to do: sparing it a message a step keeps
+            # its process off the cores the loaded forward runs on. When drafting resumes it has missed
+            # commits, and resynchronises through a stale refusal (which carries the context).
+            if budget != 0 or seq.finish_reason is not None:
+                for link in state.drafters:
+                    link.send(target_pb2.VerifyMessage(sequence_id=seq_id, commit=commit))
             if seq.finish_reason is not None:
                 del self.seqs[seq_id]
                 self.budget.remove(seq_id)

@@ -1,0 +1,70 @@
+"""Load-aware budgets over gRPC: while a sequence's budget is 0 its draft worker gets no commits;
+when drafting resumes it resynchronises (stale refusal) and drafts are accepted again, and the
+output still equals plain decoding token for token. In process, so the budget can be scripted."""
+from __future__ import annotations
+
+import grpc
+import torch
+
+from draft_service.worker import DraftWorker
+from specdec.core.types import SamplingParams
+from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.models.loader import load_model
+from specdec.models.runner import ModelRunner
+from specdec.engine import Engine
+from specdec.load_aware import NO_CAP, LoadAwareBudget
+from specdec.rpc.convert import params_to_pb
+from specdec.rpc.server import start_server
+from specdec.rpc.v1 import target_pb2, target_pb2_grpc
+from specdec.serving_config import DraftConfig, TargetConfig
+from target_service.server import TargetServicer
+from target_service.worker import TargetWorker
+
+
+class ScriptedBudget(LoadAwareBudget):
+    """Budget 0 on steps in `off` (counted per verify step), no limit otherwise; trees pass untrimmed."""
+
+    def __init__(self, off: range):
+        super().__init__()
+        self.off, self.num_steps = off, 0
+
+    def hint(self, key: str) -> int:
+        return 0 if self.num_steps in self.off else NO_CAP
+
+    def allocate(self, keys, trees):
+        return trees
+
+    def record(self, keys, trees, steps, seconds):
+        self.num_steps += 1
+
+
+def test_drafting_resumes_after_a_zero_budget(tiny_models, reference):
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    prompt = [11, 12, 13, 14, 15]
+    want = reference("none", prompt, params).token_ids
+    engine = Engine.from_pretrained(str(tiny_models["target"]), dtype="float32")
+    worker = TargetWorker(engine, TargetConfig(draft_wait_s=5.0))
+    worker.budget = ScriptedBudget(off=range(2, 6))
+    server = start_server(lambda s: target_pb2_grpc.add_TargetWorkerServicer_to_server(TargetServicer(worker), s),
+                          ["specdec.v1.TargetWorker"])
+    draft_model = ModelRunner(load_model(tiny_models["draft"], torch.float32).model)  # a noisy copy: often right
+    drafts = DraftWorker(DraftModelDrafter(draft_model), DraftConfig(drafter="draft", pipeline=False, adaptive=False, num_speculative_tokens=4))
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            stub = target_pb2_grpc.TargetWorkerStub(channel)
+            commits = stub.Admit(target_pb2.AdmitRequest(sequence_id="s", prompt_ids=prompt, expect_drafts=True,
+                                                         params=params_to_pb(params)), timeout=60)
+            assert next(commits).version == 0
+            drafts.attach("s", server.address, prompt, params, timeout_s=60)
+            steps = [c for c in commits]
+        got = [t for c in steps for t in c.token_ids]
+        assert got == want
+        assert [c.version for c in steps] == list(range(1, len(steps) + 1))
+        assert all(c.num_drafted == 0 for c in steps[2:6])  # the budget-0 steps verified nothing
+        assert sum(c.num_accepted for c in steps[:2]) > 0  # drafts were accepted before the gap ...
+        assert sum(c.num_accepted for c in steps[6:]) > 0  # ... and are again after it
+        assert any(c.HasField("draft_budget") and c.draft_budget == 0 for c in steps)
+    finally:
+        drafts.stop()
+        server.stop()
+        worker.stop()
