@@ -80,8 +80,8 @@ class DraftSeq:
         """Draft depth for the next step, `ahead` tokens past the committed context."""
         remaining = self.params.max_new_tokens - (len(self.context) - self.prompt_len) - ahead
         k = self.controller.num_tokens() if config.adaptive else config.num_speculative_tokens
-        if self.max_tokens is not None:
-            k = min(k, self.max_tokens)
+        if self.max_tokens is not None:  # the target's budget sees the whole batch and its costs: it decides
+            k = min(self.max_tokens, config.num_speculative_tokens)
         return max(0, min(k, remaining - 1))
 
 

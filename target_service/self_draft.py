@@ -26,8 +26,10 @@ class SelfDraft:
                                                                engine.config.adaptive))
 
     def propose(self, seq: Sequence, max_tokens: int = 1 << 16) -> tuple[DraftTree, float]:
-        """A draft of at most max_tokens (the load-aware budget) for seq; (tree, seconds spent drafting)."""
-        k = min(self.controller.num_tokens(), max_tokens, seq.num_remaining - 1,
+        """A draft for seq: max_tokens deep when the load-aware budget limits (< 1 << 16), else as deep as
+        its own controller says; returns (tree, seconds spent drafting)."""
+        wanted = self.controller.num_tokens() if max_tokens >= 1 << 16 else max_tokens  # a budget decides
+        k = min(wanted, self.engine.config.num_speculative_tokens, seq.num_remaining - 1,
                 self.engine.max_len - len(seq.context) - 1)
         start = time.perf_counter()
         tree = self.session.propose(seq.context, k, seq.params, seq.generator) if k > 0 else DraftTree.empty()
