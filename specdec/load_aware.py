@@ -160,9 +160,11 @@ class LoadAwareBudget:
             self.accepted, self.rejections = d * self.accepted + accepted, d * self.rejections + rejected
         self.steps_since_probe += 1
         if self.probe_expected is not None:  # did the probe beat what the choice was expected to do?
-            paid = num_tokens / seconds >= self.probe_expected
-            self.probe_interval = (self.config.min_probe_interval if paid
-                                   else min(2 * self.probe_interval, self.config.max_probe_interval))
+            paid = num_tokens / seconds >= 1.02 * self.probe_expected  # a clear gain, not timing noise
+            # a probe of a big batch costs more (every sequence's drafts, resynchronised drafters): rarer
+            floor = self.config.min_probe_interval * (4 if len(trees) >= 4 else 1)
+            self.probe_interval = floor if paid else min(max(2 * self.probe_interval, floor),
+                                                         self.config.max_probe_interval)
             self.steps_since_probe = 0
 
     def _probe_tokens(self, batch: int) -> int:
