@@ -25,6 +25,7 @@ from specdec.adaptive import AdaptiveConfig, SpeculationController
 from specdec.core.sampling import make_generator
 from specdec.core.tree import DraftTree
 from specdec.core.types import SamplingParams
+from specdec.load_aware import draft_depth
 from specdec.rpc.trees import tree_to_pb
 from specdec.rpc.v1 import target_pb2
 from specdec.serving_config import DraftConfig
@@ -79,9 +80,8 @@ class DraftSeq:
     def budget(self, config: DraftConfig, ahead: int = 0) -> int:
         """Draft depth for the next step, `ahead` tokens past the committed context."""
         remaining = self.params.max_new_tokens - (len(self.context) - self.prompt_len) - ahead
-        k = self.controller.num_tokens() if config.adaptive else config.num_speculative_tokens
-        if self.max_tokens is not None:  # the target's budget sees the whole batch and its costs: it decides
-            k = min(self.max_tokens, config.num_speculative_tokens)
+        own = self.controller.num_tokens() if config.adaptive else config.num_speculative_tokens
+        k = draft_depth(self.max_tokens, own, config.num_speculative_tokens)
         return max(0, min(k, remaining - 1))
 
 

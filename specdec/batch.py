@@ -69,7 +69,7 @@ def generate_batch(engine, prompts: list, params, max_batch: int = 8, chat: bool
     capped by the load-aware budget, which also trims the batch's trees to what pays at this batch
     size. Returns each prompt's generated token ids."""
     from specdec.adaptive import AdaptiveConfig, SpeculationController
-    from specdec.load_aware import NO_CAP, LoadAwareBudget, LoadAwareConfig
+    from specdec.load_aware import LoadAwareBudget, LoadAwareConfig, draft_depth
 
     budget = LoadAwareBudget(LoadAwareConfig(enabled=load_aware))
     pool = BatchCache(engine.runner)
@@ -88,9 +88,8 @@ def generate_batch(engine, prompts: list, params, max_batch: int = 8, chat: bool
         keys, trees = [a[0] for a in active], []
         start = time.perf_counter()
         for key, seq, session, controller in active:
-            hint = budget.hint(key)  # the batch's budget decides when it limits; else the sequence's controller
-            wanted = controller.num_tokens() if hint == NO_CAP else min(hint, engine.config.num_speculative_tokens)
-            k = min(wanted if session is not None else 0, seq.num_remaining - 1)
+            depth = draft_depth(budget.hint(key), controller.num_tokens(), engine.config.num_speculative_tokens)
+            k = min(depth if session is not None else 0, seq.num_remaining - 1)
             trees.append(session.propose(seq.context, k, seq.params, seq.generator) if k > 0 else DraftTree.empty())
         trees = budget.allocate(keys, trees)
         verify_start = time.perf_counter()

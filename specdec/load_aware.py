@@ -48,6 +48,13 @@ class LoadAwareConfig:
     max_probe_interval: int = 256
 
 
+def draft_depth(budget: int | None, controller_choice: int, max_tokens: int) -> int:
+    """Depth to draft: a limiting batch budget decides (it sees the batch and its costs); without one
+    (None or NO_CAP) the sequence's own controller does. At most max_tokens either way."""
+    choice = controller_choice if budget is None or budget >= NO_CAP else budget
+    return min(choice, max_tokens)
+
+
 class CostTable:
     """Seconds per verify forward against its padded row count: decayed means per measured count."""
 

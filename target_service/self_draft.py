@@ -13,6 +13,7 @@ from specdec.adaptive import AdaptiveConfig, SpeculationController
 from specdec.core.tree import DraftTree
 from specdec.core.types import SamplingParams
 from specdec.engine import Engine
+from specdec.load_aware import NO_CAP, draft_depth
 from specdec.sequence import Sequence
 
 
@@ -25,12 +26,11 @@ class SelfDraft:
         self.controller = SpeculationController(AdaptiveConfig(engine.config.num_speculative_tokens,
                                                                engine.config.adaptive))
 
-    def propose(self, seq: Sequence, max_tokens: int = 1 << 16) -> tuple[DraftTree, float]:
-        """A draft for seq: max_tokens deep when the load-aware budget limits (< 1 << 16), else as deep as
-        its own controller says; returns (tree, seconds spent drafting)."""
-        wanted = self.controller.num_tokens() if max_tokens >= 1 << 16 else max_tokens  # a budget decides
-        k = min(wanted, self.engine.config.num_speculative_tokens, seq.num_remaining - 1,
-                self.engine.max_len - len(seq.context) - 1)
+    def propose(self, seq: Sequence, budget: int = NO_CAP) -> tuple[DraftTree, float]:
+        """A draft for seq, as deep as the load-aware budget or else the controller says (draft_depth);
+        returns (tree, seconds spent drafting)."""
+        k = min(draft_depth(budget, self.controller.num_tokens(), self.engine.config.num_speculative_tokens),
+                seq.num_remaining - 1, self.engine.max_len - len(seq.context) - 1)
         start = time.perf_counter()
         tree = self.session.propose(seq.context, k, seq.params, seq.generator) if k > 0 else DraftTree.empty()
         return tree, time.perf_counter() - start

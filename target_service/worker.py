@@ -206,8 +206,8 @@ class TargetWorker:
                     draft_s = 0.0
                     if tree is None and state.self_draft is not None:
                         with self.cond:
-                            max_tokens = self.budget.hint(seq_id)
-                        tree, draft_s = state.self_draft.propose(state.seq, max_tokens)
+                            budget = self.budget.hint(seq_id)
+                        tree, draft_s = state.self_draft.propose(state.seq, budget)
                     trees.append(tree if tree is not None else DraftTree.empty())
                     draft_times.append(draft_s)
                 with self.cond:  # load-aware: verify only as deep as pays at this batch size

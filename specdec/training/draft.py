@@ -75,21 +75,21 @@ def train_draft(fs: FeatureSet, target, recipe: DraftRecipe, budget: Budget, out
     opt = torch.optim.AdamW(draft.parameters(), lr=recipe.lr, weight_decay=0.0)
     losses: list[float] = []
     held = [sample_windows(heldout, 8, recipe.window_len, gen) for _ in range(2)]  # fixed held-out windows
-    teacher = Teacher(teacher_head, recipe.temperature)
     keeper = BestKeeper(draft)
 
     def heldout_agreement() -> float:
         with torch.no_grad():
-            held_logp = teacher.log_probs(heldout)
+            held_logp = teacher_log_probs(heldout, teacher_head, recipe.temperature)
             hits = [distill_loss(decoder, draft, b, vocab_ids, held_logp)[1][b[4][b[5]] + 1 >= 32] for b in held]
         return float(torch.cat(hits).mean())
 
+    train_logp = teacher_log_probs(train, teacher_head, recipe.temperature)
     bar = budget.progress("train draft")
     for step in bar:
         if step % recipe.eval_every == 0:
             keeper.offer(heldout_agreement(), step)
         batch = sample_windows(train, recipe.batch_size, recipe.window_len, gen)
-        loss, _ = distill_loss(decoder, draft, batch, vocab_ids, teacher.log_probs(train))
+        loss, _ = distill_loss(decoder, draft, batch, vocab_ids, train_logp)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
@@ -115,25 +115,14 @@ def train_draft(fs: FeatureSet, target, recipe: DraftRecipe, budget: Budget, out
     return summary
 
 
-class Teacher:
-    """The target's log-probabilities over the reduced vocabulary, computed per batch from the cached
-    features (a table for every position would take tokens x V' x 2 bytes: ~10 GB at 600k tokens)."""
-
-    def __init__(self, head: torch.Tensor, temperature: float):
-        self.head, self.temperature = head, temperature  # head [V', H_target]
-
-    def log_probs(self, fs: FeatureSet):
-        return _LazyLogProbs(self, fs)
-
-
-class _LazyLogProbs:
-    def __init__(self, teacher: Teacher, fs: FeatureSet):
-        self.teacher, self.fs = teacher, fs
-
+def teacher_log_probs(fs: FeatureSet, head: torch.Tensor, temperature: float):
+    """rows [n] -> the target's log-probabilities over the reduced vocabulary there [n, V'] float32,
+    computed per batch from the cached features (a table for every position would take tokens x V' x
+    2 bytes: ~10 GB at 600k tokens). head: [V', H_target]."""
     @torch.no_grad()
-    def __getitem__(self, rows: torch.Tensor) -> torch.Tensor:  # rows [n] -> [n, V'] float32
-        t = self.teacher
-        return F.log_softmax(self.fs.features[rows].float() @ t.head.T / t.temperature, dim=-1)
+    def at(rows: torch.Tensor) -> torch.Tensor:
+        return F.log_softmax(fs.features[rows].float() @ head.T / temperature, dim=-1)
+    return at
 
 
 def distill_loss(decoder, draft, batch, vocab_ids: torch.Tensor,
@@ -141,11 +130,11 @@ def distill_loss(decoder, draft, batch, vocab_ids: torch.Tensor,
     """(KL over the reduced vocabulary, top-1 agreement per valid position) on a batch of sample_windows.
 
     Window pair j reads tokens up to x_{t+1} and must match the target's distribution there, which
-    is the LM head applied to the cached feature f_{t+1}; teacher_logp[rows] gives it ([n, V'])."""
+    is the LM head applied to the cached feature f_{t+1}; teacher_logp(rows) gives it ([n, V'])."""
     _, toks, _, _, positions, valid, index = batch
     mask = valid.long()
     hidden = decoder(input_ids=toks, attention_mask=mask, position_ids=positions + 1).last_hidden_state  # [B, L-1, h]
     student = hidden[valid] @ draft.get_output_embeddings().weight[vocab_ids].T  # [n, V']
-    teacher = teacher_logp[index[valid]].float()  # [n, V']
+    teacher = teacher_logp(index[valid])  # [n, V']
     loss = F.kl_div(F.log_softmax(student, dim=-1), teacher, log_target=True, reduction="batchmean")
     return loss, (student.argmax(-1) == teacher.argmax(-1)).float()
