@@ -21,11 +21,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec.adaptive import AdaptiveConfig, SpeculationController
 from specdec.core.sampling import make_generator
 from specdec.core.tree import DraftTree
 from specdec.core.types import SamplingParams
-from specdec.load_aware import draft_depth
+from specdec.policy import DraftBudget, PolicyConfig, SpeculationPolicy
 from specdec.rpc.trees import tree_to_pb
 from specdec.rpc.v1 import target_pb2
 from specdec.serving_config import DraftConfig
@@ -66,7 +65,6 @@ class DraftSeq:
     params: SamplingParams
     context: list[int]
     session: object
-    controller: SpeculationController
     generator: torch.Generator | None
     deadline: float
     prompt_len: int = 0
@@ -77,12 +75,11 @@ class DraftSeq:
     num_drafts: int = field(default=0)
     max_tokens: int | None = None  # the target's load-aware budget from the last commit (None = no limit)
 
-    def budget(self, config: DraftConfig, ahead: int = 0) -> int:
-        """Draft depth for the next step, `ahead` tokens past the committed context."""
+    def budget(self, policy: SpeculationPolicy, ahead: int = 0) -> DraftBudget:
+        """What to draft for the next step, `ahead` tokens past the committed context: the policy's
+        depth, within the node budget the target announced with its last commit."""
         remaining = self.params.max_new_tokens - (len(self.context) - self.prompt_len) - ahead
-        own = self.controller.num_tokens() if config.adaptive else config.num_speculative_tokens
-        k = draft_depth(self.max_tokens, own, config.num_speculative_tokens)
-        return max(0, min(k, remaining - 1))
+        return policy.plan(self.seq_id, remaining - 1, cap=self.max_tokens)
 
 
 class DraftWorker:
@@ -94,6 +91,9 @@ class DraftWorker:
         self.links: dict[str, TargetLink] = {}
         self.events: queue.Queue = queue.Queue()
         self.num_served = 0
+        # acceptance and depth per sequence; the target's announced budget caps it (load-aware there)
+        self.policy = SpeculationPolicy(PolicyConfig(max_depth=config.num_speculative_tokens,
+                                                     adaptive=config.adaptive, load_aware=False))
         self.thread = threading.Thread(target=self._loop, name="drafting", daemon=True)
         self.thread.start()
 
@@ -103,9 +103,9 @@ class DraftWorker:
             link = self.links.get(target)
             if link is None or not link.alive:
                 link = self.links[target] = TargetLink(target, self._on_message, self._on_lost)
-            controller = SpeculationController(AdaptiveConfig(self.config.num_speculative_tokens, self.config.adaptive))
+            self.policy.add(seq_id)
             self.seqs[seq_id] = DraftSeq(
-                seq_id, link, params, list(prompt_ids), self.drafter.new_session(), controller,
+                seq_id, link, params, list(prompt_ids), self.drafter.new_session(),
                 None if params.greedy else make_generator(None),
                 time.monotonic() + timeout_s if timeout_s > 0 else float("inf"), prompt_len=len(prompt_ids))
         self.events.put(("start", seq_id))
@@ -113,6 +113,7 @@ class DraftWorker:
     def release(self, seq_id: str) -> bool:
         with self.lock:
             found = self.seqs.pop(seq_id, None) is not None
+            self.policy.remove(seq_id)
             self.num_served += found
             return found
 
@@ -182,7 +183,7 @@ class DraftWorker:
         if verified:
             depth = seq.sent[1]
             # the step's cost on the critical path: from learning version v - 1 to learning v
-            seq.controller.record(depth, min(commit.num_accepted, depth), time.monotonic() - seq.sent[2])
+            self.policy.observe(seq.seq_id, depth, min(commit.num_accepted, depth), time.monotonic() - seq.sent[2])
         seq.synced_at = time.monotonic()
         prepared, seq.prepared = seq.prepared, None
         if prepared is not None and prepared[0] == tokens and seq.max_tokens != 0:
@@ -207,8 +208,7 @@ class DraftWorker:
     def _send_fresh(self, seq: DraftSeq) -> None:
         if seq.max_tokens == 0:
             return  # under load the target verifies no drafts next step and does not wait for one
-        k = seq.budget(self.config)
-        tree = self._propose(seq, seq.context, k)
+        tree = self._propose(seq, seq.context, seq.budget(self.policy))
         self._send(seq, tree)
         self._prepare(seq, tree)
 
@@ -217,20 +217,22 @@ class DraftWorker:
         if not self.config.pipeline:
             return
         path = first_path(sent)
-        k = seq.budget(self.config, ahead=len(path) + 1)
+        budget = seq.budget(self.policy, ahead=len(path) + 1)
         # the prepared draft is used only if the whole path and the guessed bonus are accepted
-        if k <= 0 or seq.controller.alpha ** (len(path) + 1) < self.config.pipeline_min_hit:
+        if budget.depth <= 0 or self.policy.alpha(seq.seq_id) ** (len(path) + 1) < self.config.pipeline_min_hit:
             return
-        ahead = self._propose(seq, seq.context + path, k + 1)
+        # one node more, the guessed bonus; the target cuts the rest to the budget it announces then
+        max_nodes = None if budget.max_nodes is None else budget.max_nodes + 1
+        ahead = self._propose(seq, seq.context + path, DraftBudget(budget.depth + 1, max_nodes))
         if ahead.num_nodes == 0:
             return
         guess, tree = split_first(ahead)
         seq.prepared = (path + [guess], tree)
 
-    def _propose(self, seq: DraftSeq, context: list[int], k: int) -> DraftTree:
-        if k <= 0:
+    def _propose(self, seq: DraftSeq, context: list[int], budget: DraftBudget) -> DraftTree:
+        if budget.depth <= 0:
             return DraftTree.empty()
-        return seq.session.propose(context, k, seq.params, seq.generator)
+        return seq.session.propose(context, budget.depth, seq.params, seq.generator, max_nodes=budget.max_nodes)
 
     def _send(self, seq: DraftSeq, tree: DraftTree) -> None:
         depth = len(first_path(tree)) if tree.num_nodes else 0

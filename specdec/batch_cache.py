@@ -10,7 +10,8 @@ sequences step after step, so the stacked cache is kept, lent out of the sequenc
     lens   [B]                       entries per row
 
 After a verify forward appended N columns at [L, L + N), `commit` moves each row's root and
-accepted path to [lens[i], lens[i] + 1 + accepted) and trims the tensor to the longest row. The
+accepted path to [lens[i], lens[i] + 1 + accepted) and trims the tensor to the longest row. This is
+the only KV commit there is: a single sequence is a batch of one (its own cache, lent without a copy). The
 shapes and the unmasked values are exactly those that stacking afresh would give, so outputs are
 bitwise the same. When the batch changes, or a sequence is stepped alone, the rows go back to the
 sequences (`release`) and the next batch is stacked anew.
@@ -35,8 +36,12 @@ class BatchCache:
         if len(seqs) == len(self.seqs) and all(a is b for a, b in zip(seqs, self.seqs)):
             return self.cache, self.lens
         self.release()
+        for seq in seqs:
+            if seq.cache_lender is not None:  # lent to another pool: take it back first
+                seq.cache_lender.release()
         self.lens = [kv.num_cached(s.cache) for s in seqs]
-        self.cache = stack_caches(self.runner, [s.cache for s in seqs], self.lens)
+        # a batch of one is its sequence's own cache, no copy
+        self.cache = seqs[0].cache if len(seqs) == 1 else stack_caches(self.runner, [s.cache for s in seqs], self.lens)
         self.seqs = list(seqs)
         for seq in seqs:
             seq.cache, seq.cache_lender = None, self
@@ -49,22 +54,38 @@ class BatchCache:
         new_lens = [n + len(rows) for n, rows in zip(self.lens, keep_new)]
         sources = [torch.tensor(rows, dtype=torch.long) + start for rows in keep_new]
         end = max(new_lens)
+        # a row whose kept columns already sit where they belong (a batch of one accepting a chain
+        # prefix) needs no copy
+        moves = [i for i, rows in enumerate(keep_new) if self.lens[i] != start or rows != list(range(len(rows)))]
         for layer in self.cache.layers:
             if layer.keys is None or layer.keys.numel() == 0:
                 continue
-            for i, src in enumerate(sources):  # index_select copies before the (maybe overlapping) write
+            for i in moves:  # index_select copies before the (maybe overlapping) write
+                src = sources[i]
                 layer.keys[i, :, self.lens[i]:new_lens[i]] = layer.keys[i].index_select(1, src)
                 layer.values[i, :, self.lens[i]:new_lens[i]] = layer.values[i].index_select(1, src)
             layer.keys = layer.keys[:, :, :end]
             layer.values = layer.values[:, :, :end]
         self.lens = new_lens
 
+    @torch.inference_mode()
+    def rollback(self) -> None:
+        """Undo a failed step: drop whatever a forward appended or a commit half moved. Entries below
+        each row's length are never written by a step, so trimming restores the state before it."""
+        if self.cache is None:
+            return
+        end = max(self.lens)
+        for layer in self.cache.layers:
+            if layer.keys is not None and layer.keys.numel() and layer.keys.shape[2] > end:
+                layer.keys = layer.keys[:, :, :end]
+                layer.values = layer.values[:, :, :end]
+
     def release(self) -> None:
         """Give every unfinished sequence its own cache back (rows [0, lens[i]) of the stack)."""
         for i, seq in enumerate(self.seqs):
             seq.cache_lender = None
             if seq.finish_reason is None:
-                seq.cache = select_row(self.runner, self.cache, i, self.lens[i])
+                seq.cache = self.cache if len(self.seqs) == 1 else select_row(self.runner, self.cache, i, self.lens[i])
         self.seqs, self.cache, self.lens = [], None, []
 
 

@@ -1,10 +1,11 @@
 """The in-process speculative engine: the reference every distributed path must match.
 
-One step reads as prose:
-    tree   = session.propose(context, k)                 # drafter guesses (maybe nothing)
+One step reads as prose (specdec.step.decode_step):
+    budget = policy.plan(seq)                            # how deep, how many nodes: fixed before drafting
+    tree   = session.propose(context, budget)            # drafter guesses (maybe nothing)
     logits = target.forward([root] + tree.tokens)        # one forward, tree attention
     result = verify(tree, logits)                        # accepted path + one recovered/bonus token
-    kv.keep_rows(cache, root + accepted path)            # commit; the sequence version goes up
+    cache.commit(root + accepted path)                   # commit; the sequence version goes up
 Plain decoding is the same loop with an empty tree, so the baseline shares every line but drafting.
 """
 from __future__ import annotations
@@ -15,7 +16,6 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
-from specdec.adaptive import AdaptiveConfig, SpeculationController
 from specdec.core.tree import DraftTree
 from specdec.core.types import GenerationOutput, GenerationStats, SamplingParams
 from specdec.drafters import build_drafter
@@ -24,7 +24,10 @@ from specdec.errors import InvalidArgument
 from specdec.models.loader import LoadedModel, load_model, pick_dtype, resolve_path
 from specdec.models.runner import ModelRunner
 from specdec.parallel import check_tp_degree
+from specdec.policy import PolicyConfig, SpeculationPolicy
 from specdec.sequence import Sequence
+from specdec.step import Drafting, StepFailure, decode_step
+from specdec.batch_cache import BatchCache
 
 Prompt = str | list[int] | list[dict]
 
@@ -77,6 +80,11 @@ class Engine:
         loaded = load_model(target, torch_dtype, tp_degree=tp)
         return cls(loaded, build_drafter(drafter, loaded, draft, drafter_options, torch_dtype), config)
 
+    def new_policy(self, load_aware: bool = True) -> SpeculationPolicy:
+        """The speculation policy for this engine's sequences (depth, node budget, acceptance)."""
+        return SpeculationPolicy(PolicyConfig(max_depth=self.config.num_speculative_tokens,
+                                              adaptive=self.config.adaptive, load_aware=load_aware))
+
     def _eos_ids(self) -> frozenset[int]:
         ids: set[int] = set()
         for source in (getattr(self.target.model, "generation_config", None), self.tokenizer):
@@ -127,27 +135,25 @@ class Engine:
         if params.stop and self.tokenizer is None:
             raise InvalidArgument("stop strings need a model with a tokenizer")
         session = self.drafter.new_session() if self.drafter is not None else None
-        controller = SpeculationController(AdaptiveConfig(self.config.num_speculative_tokens, self.config.adaptive))
+        policy = self.new_policy(load_aware=False)  # one sequence: its own depth choice decides
+        policy.add("0")
+        pool = BatchCache(self.runner)
         start = time.perf_counter()
         seq = Sequence(self.runner, prompt_ids, params, self.tokenizer, self.eos_ids,
                        keep_features=bool(getattr(session, "needs_features", False)))
         if hasattr(session, "attach"):  # self-drafting heads (Medusa, EAGLE) read the target's features
             session.attach(seq)
+        entry = Drafting("0", seq, session)
         num_forwards = num_drafted = num_accepted = 0
         draft_s = verify_s = 0.0
         while seq.finish_reason is None:
-            k = controller.num_tokens() if session is not None else 0
-            k = parallel.broadcast_int(k)  # tensor-parallel ranks must verify the same tree
-            k = min(k, seq.num_remaining - 1, self.max_len - len(seq.context) - 1)  # never draft past the end
-            t0 = time.perf_counter()
-            tree = session.propose(seq.context, k, params, seq.generator) if k > 0 else DraftTree.empty()
-            t1 = time.perf_counter()
-            step = seq.step(tree)
-            controller.record(step.depth, min(step.num_accepted, step.depth), t1 - t0 + step.verify_s)
+            _, (step,), step_draft_s = decode_step(self.runner, policy, pool, [entry], self.max_len)
+            if isinstance(step, StepFailure):
+                raise RuntimeError(step.reason)
             num_forwards += 1
             num_drafted += step.num_drafted
             num_accepted += step.num_accepted
-            draft_s += t1 - t0
+            draft_s += step_draft_s
             verify_s += step.verify_s
             if seq.finish_reason is None:
                 yield StreamEvent(step.text, step.token_ids)

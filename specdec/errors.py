@@ -32,5 +32,9 @@ class Cancelled(SpecdecError):
     """The call was cancelled (gRPC CANCELLED)."""
 
 
+class Internal(SpecdecError):
+    """A step of this generation failed on the server; other generations go on (gRPC INTERNAL)."""
+
+
 class ServerError(SpecdecError):
     """Any other failure reported by a server (gRPC INTERNAL, UNKNOWN, ...)."""

@@ -1,8 +1,10 @@
 """One sequence's authoritative state on the target: committed tokens, KV cache, version, text.
 
-`step(tree)` is the whole verify step: one target forward over [root] + tree, verification, KV
-commit, stop checks. The in-process engine and the target worker both drive sequences through it,
-which is why the distributed paths can match the engine token for token.
+A verify step (specdec.step, where a single sequence is a batch of one) runs the target forward,
+asks each Sequence to `verify` its tree against its logits, commits the KV cache, then lets the
+Sequence `commit_verified`: version, tokens, stop checks. Every path (engine, batching, target
+worker, tensor-parallel followers) drives sequences through that one step, which is why the
+distributed paths match the engine token for token.
 """
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.core import kv
 from specdec.core.sampling import make_generator, warp
 from specdec.core.tree import DraftTree, TreeLayout, tree_layout
 from specdec.core.types import SamplingParams
@@ -63,18 +64,6 @@ class Sequence:
     @property
     def num_remaining(self) -> int:
         return self.params.max_new_tokens - len(self.text.token_ids)
-
-    def step(self, tree: DraftTree) -> StepResult:
-        assert self.finish_reason is None, "step() on a finished sequence"
-        if self.cache_lender is not None:  # stepping alone: take the cache back from the batch
-            self.cache_lender.release()
-        start = time.perf_counter()
-        layout = tree_layout(tree.parent_ids)
-        num_cached = kv.num_cached(self.cache)
-        logits, hidden = self.runner.forward([self.context[-1], *tree.token_ids], self.cache, layout)
-        result = self.verify(tree, layout, logits)
-        kv.keep_rows(self.cache, num_cached, [0, *result.accepted_rows])
-        return self.commit_verified(tree, layout, result, hidden, time.perf_counter() - start)
 
     def verify(self, tree: DraftTree, layout: TreeLayout, logits: torch.Tensor) -> VerifyResult:
         """logits: [rows, vocab] of the verify forward over [root] + tree."""

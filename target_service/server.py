@@ -79,6 +79,8 @@ def _drain(outbox: queue.Queue, context):
             continue
         if item is None:
             return
+        if isinstance(item, Exception):  # the sequence failed: its status (INTERNAL, UNAVAILABLE)
+            raise item
         yield item
 
 
@@ -109,6 +111,7 @@ def serve(config: TargetConfig) -> int:
     mirror.start(worker.model_lock)
     running = start_server(lambda s: target_pb2_grpc.add_TargetWorkerServicer_to_server(TargetServicer(worker), s),
                            ["specdec.v1.TargetWorker"], config.port)
+    worker.on_broken = lambda: running.set_serving(False)
     return run_until_signalled(running, "target", on_stop=lambda: (worker.stop(), mirror.stop()))
 
 

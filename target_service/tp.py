@@ -31,12 +31,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from specdec.batch import step_batch
 from specdec.batch_cache import BatchCache
 from specdec.core.tree import DraftTree
 from specdec.core.types import SamplingParams
 from specdec.errors import Unavailable
 from specdec.sequence import Sequence
+from specdec.step import verify_each
 from target_service.self_draft import open_sequence
 
 log = logging.getLogger(__name__)
@@ -85,19 +85,19 @@ class Mirror:
         self.stopped = False
 
     def admit(self, engine, prompt_ids: list[int], params: SamplingParams):
-        """Prefill on every rank; returns open_sequence's (Sequence, SelfDraft | None) for this one."""
+        """Prefill on every rank; returns open_sequence's (Sequence, drafting session | None) for this one."""
         if not self.active:
             return open_sequence(engine, prompt_ids, params)
         handle, self.next_handle = self.next_handle, self.next_handle + 1
         self._send(Admit(handle, list(prompt_ids), params))
         try:
-            seq, self_draft = open_sequence(engine, prompt_ids, params)
+            seq, session = open_sequence(engine, prompt_ids, params)
         except BaseException:
             self.gone.put(handle)
             raise
         self.handles[seq] = handle
         weakref.finalize(seq, self.gone.put, handle)
-        return seq, self_draft
+        return seq, session
 
     def step(self, seqs: list[Sequence], trees: list[DraftTree]) -> None:
         """Before the verify forward of seqs[i] with trees[i]: the followers run the same one."""
@@ -173,7 +173,7 @@ class Follower:
             for seq, state in zip(batch, op.generator_states):
                 if state is not None:
                     seq.generator.set_state(state)
-            _step_all(self.engine.runner, batch, op.trees, self.batch_cache)
+            verify_each(self.engine.runner, batch, op.trees, self.batch_cache)  # rank 0's very step
             for handle in [*op.drops, *(h for h, s in zip(op.handles, batch) if s.finish_reason is not None)]:
                 self.seqs.pop(handle, None)
         return True
@@ -189,17 +189,3 @@ def follow(engine) -> int:
         if not follower.replay(box[0]):
             return 0
 
-
-def _step_all(runner, seqs: list[Sequence], trees: list[DraftTree], pool: BatchCache) -> None:
-    """TargetWorker._step_all's path: one batched forward, else each sequence alone (ranks must agree)."""
-    if len(seqs) > 1:
-        try:
-            step_batch(runner, seqs, trees, pool)
-            return
-        except Exception:  # noqa: BLE001
-            log.exception("batched verify failed; stepping sequences one by one")
-    for seq, tree in zip(seqs, trees):
-        try:
-            seq.step(tree)
-        except Exception:  # noqa: BLE001 - rank 0 releases it
-            log.exception("verify step failed")

@@ -17,20 +17,19 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from specdec.batch import step_batch
 from specdec.batch_cache import BatchCache
 from specdec.core.tree import DraftTree, tree_layout
 from specdec.core.types import SamplingParams
 from specdec.engine import Engine
-from specdec.errors import InvalidArgument
-from specdec.load_aware import NO_CAP, LoadAwareBudget, LoadAwareConfig
+from specdec.errors import Internal, InvalidArgument, Unavailable
+from specdec.policy import NO_CAP, is_sampled
 from specdec.rpc.trees import tree_from_pb
 from specdec.rpc.v1 import target_pb2
 from specdec.sequence import Sequence
 from specdec.serving_config import TargetConfig
+from specdec.step import Drafting, StepFailure, plan_all, propose_all, verify_each
 from target_service.batch_former import form_batch
 from target_service.kv_room import KvFigures, KvRoom
-from target_service.self_draft import SelfDraft
 from target_service.tp import Mirror
 
 log = logging.getLogger(__name__)
@@ -59,7 +58,7 @@ class SeqState:
     draft_at: float = 0.0  # when `pending` arrived
     version_since: float = field(default_factory=time.monotonic)
     missed: int = 0  # steps in a row that waited in vain for a draft
-    self_draft: SelfDraft | None = None  # in-target drafting, when the worker has a drafter
+    session: object | None = None  # in-target drafting session, when the worker has a drafter
     # The published state, under the worker's lock: seq.version / seq.context move during a step
     # (outside the lock), so drafts and refusals are judged against this snapshot instead.
     version: int = 0
@@ -68,8 +67,14 @@ class SeqState:
 
 
 class TargetWorker:
-    def __init__(self, engine: Engine, config: TargetConfig, mirror: Mirror | None = None):
+    """fault(point, seq_ids): a test hook called at "loop" (each decode-loop turn) and "verify" (each
+    verify attempt, with its sequences); whatever it raises is handled as a real fault there."""
+
+    def __init__(self, engine: Engine, config: TargetConfig, mirror: Mirror | None = None, fault=None):
         self.engine = engine
+        self.fault = fault
+        self.broken: str | None = None  # why the decode loop stopped (health NOT_SERVING from then on)
+        self.on_broken = lambda: None  # the server turns health NOT_SERVING
         self.config = config
         self.cond = threading.Condition()
         self.model_lock = threading.Lock()
@@ -77,7 +82,7 @@ class TargetWorker:
         self.seqs: dict[str, SeqState] = {}
         self.num_served = 0
         self.num_verify_forwards = self.num_sequence_steps = self.max_batch_seen = 0  # batching figures
-        self.budget = LoadAwareBudget(LoadAwareConfig(enabled=config.load_aware))  # under cond
+        self.policy = engine.new_policy(load_aware=config.load_aware)  # under cond
         self.last_step_end = 0.0  # monotonic time the last verify step ended (batch formation)
         self.batch_cache = BatchCache(engine.runner)  # the last batch's stacked KV cache (decode thread only)
         # KV budget, under cond; by default every slot may reach the full context
@@ -94,18 +99,21 @@ class TargetWorker:
                                   f"exceeds the model's context of {self.engine.max_len} tokens")
         kv_tokens = self.kv.check_possible(len(prompt_ids), params.max_new_tokens)
         with self.cond:
+            if self.broken is not None:
+                raise Unavailable(f"target worker cannot decode: {self.broken}")
             if seq_id in self.seqs:
                 raise InvalidArgument(f"sequence {seq_id!r} is already admitted")
             self.kv.check_room(self.seqs, kv_tokens)
         with self.model_lock:  # prefill, on every tensor-parallel rank
-            seq, self_draft = self.mirror.admit(self.engine, prompt_ids, params)
-        state = SeqState(seq, expect_drafts and self_draft is None, self_draft=self_draft,
+            seq, session = self.mirror.admit(self.engine, prompt_ids, params)
+        state = SeqState(seq, expect_drafts and session is None, session=session,
                          version=seq.version, context_len=len(seq.context))
         with self.cond:
             self.kv.check_room(self.seqs, kv_tokens)  # again: a concurrent admission may have taken the room
             state.kv_tokens = kv_tokens
             self.seqs[seq_id] = state
-            self.budget.add(seq_id)
+            self.policy.add(seq_id)
+            self.policy.announce(seq_id)
             self.cond.notify_all()
         return state
 
@@ -114,7 +122,7 @@ class TargetWorker:
             state = self.seqs.pop(seq_id, None)
             if state is None:
                 return False
-            self.budget.remove(seq_id)
+            self.policy.remove(seq_id)
             self.num_served += 1
         state.outbox.put(None)
         return True
@@ -189,7 +197,7 @@ class TargetWorker:
 
     def _needs_draft(self, seq_id: str) -> bool:
         """Whether the sequence's next step waits for a draft worker's draft."""
-        return self.seqs[seq_id].self_draft is None and self.budget.hint(seq_id) != 0
+        return self.seqs[seq_id].session is None and self.policy.cap() != 0
 
     def _loop(self) -> None:
         while True:
@@ -199,52 +207,66 @@ class TargetWorker:
                 picked = self._pick()
             if not picked:
                 continue
-            keys = [seq_id for seq_id, _, _ in picked]
-            with self.model_lock:
-                trees, draft_times = [], []
-                for seq_id, state, tree in picked:
-                    draft_s = 0.0
-                    if tree is None and state.self_draft is not None:
-                        with self.cond:
-                            budget = self.budget.hint(seq_id)
-                        tree, draft_s = state.self_draft.propose(state.seq, budget)
-                    trees.append(tree if tree is not None else DraftTree.empty())
-                    draft_times.append(draft_s)
-                with self.cond:  # load-aware: verify only as deep as pays at this batch size
-                    trees = self.budget.allocate(keys, trees)
-                start = time.perf_counter()
-                steps = self._step_all(picked, trees)
-                with self.cond:
-                    self.budget.record(keys, trees, steps, time.perf_counter() - start)
-                    self.last_step_end = time.monotonic()
-            for (seq_id, state, tree), step, draft_s in zip(picked, steps, draft_times):
-                if step is None:
-                    continue
-                if state.self_draft is not None and tree is None:
-                    state.self_draft.record(step, draft_s)
-                self._publish(seq_id, state, step)
+            try:
+                if self.fault is not None:
+                    self.fault("loop", [seq_id for seq_id, _, _ in picked])
+                self._step(picked)
+            except Exception as exc:  # noqa: BLE001 - the loop cannot go on: say so, end every stream
+                log.exception("the decode loop stopped")
+                self._break(f"decode loop stopped: {type(exc).__name__}: {exc}")
+                return
 
-    def _step_all(self, picked, trees) -> list:
-        """One batched verify forward; if it fails, each sequence alone, so one bad sequence fails alone."""
-        seqs = [state.seq for _, state, _ in picked]
-        self.mirror.step(seqs, trees)  # tensor-parallel followers run the same forward
-        self.num_verify_forwards += 1
-        self.num_sequence_steps += len(seqs)
-        self.max_batch_seen = max(self.max_batch_seen, len(seqs))
-        if len(seqs) > 1:
+    def _step(self, picked: list[tuple[str, SeqState, DraftTree | None]]) -> None:
+        """One decode step of the picked sequences: in-target drafts, the policy's cut, one verify."""
+        entries = [Drafting(seq_id, state.seq, state.session if tree is None else None, tree)
+                   for seq_id, state, tree in picked]
+        keys, seqs = [e.key for e in entries], [e.seq for e in entries]
+        with self.model_lock:
+            with self.cond:
+                budgets = plan_all(self.policy, entries, self.engine.max_len)
+            trees, draft_s = propose_all(entries, budgets)
+            with self.cond:  # load-aware: verify only as much as pays at this batch size
+                trees = self.policy.allocate(keys, trees, [is_sampled(t, s.params.greedy) for t, s in zip(trees, seqs)])
+            self.mirror.step(seqs, trees)  # tensor-parallel followers run the same forward
+            self.num_verify_forwards += 1
+            self.num_sequence_steps += len(seqs)
+            self.max_batch_seen = max(self.max_batch_seen, len(seqs))
+            ids = {id(seq): key for key, seq in zip(keys, seqs)}
+            fault = None if self.fault is None else lambda batch: self.fault("verify", [ids[id(s)] for s in batch])
+            start = time.perf_counter()
+            steps = verify_each(self.engine.runner, seqs, trees, self.batch_cache, fault)
+            with self.cond:
+                self.policy.record(keys, trees, [None if isinstance(s, StepFailure) else s for s in steps],
+                                   time.perf_counter() - start, draft_s)
+                self.last_step_end = time.monotonic()
+        for (seq_id, state, _), step in zip(picked, steps):
+            if isinstance(step, StepFailure):
+                self._fail(seq_id, state, Internal(f"sequence {seq_id}: {step.reason}"))
+                continue
             try:
-                return step_batch(self.engine.runner, seqs, trees, self.batch_cache)
-            except Exception:  # noqa: BLE001
-                log.exception("batched verify failed; stepping sequences one by one")
-        steps = []
-        for (seq_id, state, _), tree in zip(picked, trees):
-            try:
-                steps.append(state.seq.step(tree))
-            except Exception:  # noqa: BLE001 - one broken sequence must not stop the others
-                log.exception("verify step failed for %s", seq_id)
-                self.release(seq_id)
-                steps.append(None)
-        return steps
+                self._publish(seq_id, state, step)
+            except Exception as exc:  # noqa: BLE001 - this sequence's commit message, nothing else
+                log.exception("publishing failed for %s", seq_id)
+                self._fail(seq_id, state, Internal(f"sequence {seq_id}: publishing failed: {exc}"))
+
+    def _fail(self, seq_id: str, state: SeqState, error: Exception) -> None:
+        """End one sequence's stream with `error` and forget it."""
+        with self.cond:
+            if self.seqs.get(seq_id) is state:
+                del self.seqs[seq_id]
+                self.policy.remove(seq_id)
+                self.num_served += 1
+        state.outbox.put(error)
+
+    def _break(self, reason: str) -> None:
+        """The decode loop is gone: health NOT_SERVING, every stream UNAVAILABLE now, no admissions."""
+        with self.cond:
+            self.broken = reason
+            states = list(self.seqs.items())
+            self.seqs.clear()
+        self.on_broken()
+        for seq_id, state in states:
+            state.outbox.put(Unavailable(f"sequence {seq_id}: target worker {reason}"))
 
     def _publish(self, seq_id: str, state: SeqState, step) -> None:
         seq = state.seq
@@ -254,7 +276,7 @@ class TargetWorker:
         with self.cond:
             if self.seqs.get(seq_id) is not state:  # released while stepping
                 return
-            budget = self.budget.hint(seq_id)
+            budget = self.policy.announce(seq_id)  # fixed before its next draft is made
             if budget != NO_CAP:
                 commit.draft_budget = budget
             state.version_since = time.monotonic()
@@ -268,7 +290,7 @@ class TargetWorker:
                     link.send(target_pb2.VerifyMessage(sequence_id=seq_id, commit=commit))
             if seq.finish_reason is not None:
                 del self.seqs[seq_id]
-                self.budget.remove(seq_id)
+                self.policy.remove(seq_id)
                 self.num_served += 1
         state.outbox.put(commit)
         if seq.finish_reason is not None:

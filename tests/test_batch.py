@@ -32,8 +32,8 @@ def test_kept_batch_cache_equals_stacking_afresh(tiny_target):
     every sequence bitwise the same cache, tokens and versions as stacking the caches every step."""
     import torch
 
-    from specdec.batch import step_batch
     from specdec.batch_cache import BatchCache
+    from specdec.step import verify_step
     from specdec.core.tree import DraftTree
     from specdec.sequence import Sequence
 
@@ -47,10 +47,13 @@ def test_kept_batch_cache_equals_stacking_afresh(tiny_target):
     trees = [DraftTree.chain([5, 6]), DraftTree((7, 8, 9), (-1, -1, 0)), DraftTree.empty(), DraftTree.chain([1])]
     plan = [[0, 1, 2, 3]] * 3 + [[0, 1, 3]] * 2 + [[2]] + [[0, 1, 2, 3]] * 2  # shrink, a lone step, regrow
     for rows in plan:
-        a = step_batch(engine.runner, [kept[i] for i in rows], [trees[i] for i in rows], pool)
-        b = step_batch(engine.runner, [afresh[i] for i in rows], [trees[i] for i in rows])
+        a = verify_step(engine.runner, [kept[i] for i in rows], [trees[i] for i in rows], pool)
+        b = verify_step(engine.runner, [afresh[i] for i in rows], [trees[i] for i in rows], BatchCache(engine.runner))
         assert [r.token_ids for r in a] == [r.token_ids for r in b]
     pool.release()
+    for seq in afresh:
+        if seq.cache_lender is not None:
+            seq.cache_lender.release()
     for x, y in zip(kept, afresh):
         assert x.context == y.context and x.version == y.version and x.cache_lender is None
         for lx, ly in zip(x.cache.layers, y.cache.layers):

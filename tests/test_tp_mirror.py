@@ -7,7 +7,8 @@ import gc
 
 import pytest
 
-from specdec.batch import step_batch
+from specdec.batch_cache import BatchCache
+from specdec.step import verify_step
 from specdec.core.tree import DraftTree
 from specdec.core.types import SamplingParams
 from specdec.engine import Engine
@@ -29,10 +30,12 @@ def pair(tiny_target, one_thread):
 
 
 def step(mirror: Mirror, seqs, drafts) -> int:
-    """What TargetWorker._loop does: draft on rank 0, mirror, verify in one batch; returns nodes drafted."""
-    trees = [draft.propose(seq)[0] for seq, draft in zip(seqs, drafts)]
+    """What TargetWorker._step does: draft on rank 0, mirror, verify in one batch; returns nodes drafted."""
+    trees = [draft.propose(seq.context, 4, seq.params, seq.generator) for seq, draft in zip(seqs, drafts)]
     mirror.step(seqs, trees)
-    step_batch(seqs[0].runner, seqs, trees)
+    pool = BatchCache(seqs[0].runner)
+    verify_step(seqs[0].runner, seqs, trees, pool)
+    pool.release()  # the worker's pool lets go when the batch changes; here at once
     return sum(t.num_nodes for t in trees)
 
 

@@ -5,6 +5,8 @@ target's *warped* distribution p, and a drafter's q is whatever it really sample
 """
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import torch
 
 from specdec.core.types import SamplingParams
@@ -15,7 +17,7 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
     logits: [..., vocab] -> probs: [..., vocab] float32, each row sums to 1.
     """
-    scores = logits.float() / params.temperature
+    scores = logits.to(torch.promote_types(logits.dtype, torch.float32)) / params.temperature  # float64 stays
     vocab_size = scores.shape[-1]
     if 0 < params.top_k < vocab_size:
         kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
@@ -31,9 +33,29 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return scores.softmax(dim=-1)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+@runtime_checkable
+class Draws(Protocol):
+    """A source of randomness other than a torch.Generator: every random choice of drafting and
+    verification goes through `sample` and `accept` below, so a test can enumerate all outcomes
+    with their exact probabilities through the real code."""
+
+    def categorical(self, probs: torch.Tensor) -> int: ...
+
+    def bernoulli(self, prob: float) -> bool: ...
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | Draws | None) -> int:
     """One draw from probs [vocab]."""
+    if isinstance(generator, Draws):
+        return generator.categorical(probs)
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def accept(p_x: float, q_x: float, generator: torch.Generator | Draws | None) -> bool:
+    """True with probability min(1, p_x / q_x) (q_x > 0): the rejection-sampling test."""
+    if isinstance(generator, Draws):
+        return generator.bernoulli(min(1.0, p_x / q_x))
+    return float(torch.rand((), generator=generator)) * q_x < p_x
 
 
 def make_generator(seed: int | None) -> torch.Generator:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.core.sampling import accept, sample
 from specdec.core.tree import DraftTree, TreeLayout
 
 
@@ -59,7 +60,7 @@ def verify_sampling(
             x = tree.token_ids[child - 1]
             q = None if tree.q is None else tree.q[child - 1]  # [vocab] or one-hot
             q_x = 1.0 if q is None else float(q[x])
-            if q_x > 0.0 and float(torch.rand((), generator=generator)) * q_x < float(p[x]):
+            if q_x > 0.0 and accept(float(p[x]), q_x, generator):
                 accepted.append(child)
                 row = child
                 break
@@ -70,6 +71,6 @@ def verify_sampling(
             if total > 0.0:  # total == 0 means p <= q everywhere: rejection had probability 0
                 p = residual / total
         else:
-            recovered = int(torch.multinomial(p, 1, generator=generator))
+            recovered = sample(p, generator)
             tokens = tuple(tree.token_ids[r - 1] for r in accepted) + (recovered,)
             return VerifyResult(tuple(accepted), tokens)

@@ -17,12 +17,14 @@ from specdec.core.types import SamplingParams
 
 class DraftSession(Protocol):
     def propose(self, context_ids: list[int], max_tokens: int, params: SamplingParams,
-                generator: torch.Generator | None) -> DraftTree:
+                generator: torch.Generator | None, max_nodes: int | None = None) -> DraftTree:
         """A draft tree continuing context_ids (prompt + generated, last token = verify root).
 
-        max_tokens bounds the depth (the adaptive controller's knob); returning fewer nodes, or an
-        empty tree, is always allowed. In sampling mode each node's q row is the exact
-        distribution its token was drawn from.
+        max_tokens bounds the depth and max_nodes the node count (the speculation policy's budget,
+        None = the drafter's own limit); returning fewer nodes, or an empty tree, is always allowed.
+        In sampling mode each node's q row is the exact distribution its token was drawn from, and
+        two rules keep cut trees exact (specdec.policy): nodes are listed in the order they were
+        drawn, and whether a node is in the tree depends only on draws made before its own.
         """
         ...
 

@@ -88,12 +88,13 @@ class DraftModelSession:
         return logits[-1]
 
     def propose(self, context_ids: list[int], max_tokens: int, params: SamplingParams,
-                generator: torch.Generator | None) -> DraftTree:
-        if max_tokens <= 0:
+                generator: torch.Generator | None, max_nodes: int | None = None) -> DraftTree:
+        max_nodes = max_tokens * self.config.tree_width ** max_tokens if max_nodes is None else max_nodes
+        if max_tokens <= 0 or max_nodes <= 0:
             return DraftTree.empty()
         if self.config.tree_width == 1:
-            return self._chain(context_ids, max_tokens, params, generator)
-        return self._tree(context_ids, max_tokens, params, generator)
+            return self._chain(context_ids, min(max_tokens, max_nodes), params, generator)
+        return self._tree(context_ids, max_tokens, max_nodes, params, generator)
 
     def _chain(self, context_ids, num_tokens, params, generator) -> DraftTree:
         logits = self._sync(context_ids)
@@ -109,7 +110,10 @@ class DraftModelSession:
                 self.cached_ids.append(token)
         return DraftTree.chain(tokens, torch.stack(qs) if qs else None)
 
-    def _tree(self, context_ids, depth, params, generator) -> DraftTree:
+    def _tree(self, context_ids, depth, max_nodes, params, generator) -> DraftTree:
+        """Level by level: each frontier node draws `width` children, then the `width` best new nodes
+        by cumulative log q become the next frontier. Nodes are listed in draw order and the tree
+        stops at max_nodes, so a node's presence depends only on earlier draws (specdec.policy)."""
         width = self.config.tree_width
         frontier = [(-1, self._sync(context_ids))]  # (node, its draft logits); -1 = root
         num_context = len(context_ids)
@@ -119,14 +123,15 @@ class DraftModelSession:
             new_nodes = []
             for parent, logits in frontier:
                 base = scores[parent] if parent >= 0 else 0.0
-                for token, q, logprob in pick_children(logits, width, params, generator, self.config.q_top_n):
+                room = min(width, max_nodes - len(tokens))
+                for token, q, logprob in pick_children(logits, room, params, generator, self.config.q_top_n):
                     new_nodes.append(len(tokens))
                     tokens.append(token)
                     parents.append(parent)
                     qs.append(q)
                     scores.append(base + logprob)
                     depths.append(level + 1)
-            if level + 1 == depth:
+            if level + 1 == depth or len(tokens) >= max_nodes:
                 break
             expand = sorted(new_nodes, key=lambda n: -scores[n])[:width]
             logits = self._forward_nodes(expand, fed, parents, tokens, depths, num_context)

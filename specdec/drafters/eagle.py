@@ -64,8 +64,9 @@ class EagleSession:
 
     @torch.inference_mode()
     def propose(self, context_ids: list[int], max_tokens: int, params: SamplingParams,
-                generator: torch.Generator | None) -> DraftTree:
-        if max_tokens <= 0:
+                generator: torch.Generator | None, max_nodes: int | None = None) -> DraftTree:
+        num_nodes = self.d.config.num_nodes if max_nodes is None else min(max_nodes, self.d.config.num_nodes)
+        if max_tokens <= 0 or num_nodes <= 0:
             return DraftTree.empty()
         root_out = self._sync(context_ids)
         if root_out is None:
@@ -108,7 +109,7 @@ class EagleSession:
                 outputs[node] = out[0, row]
                 slots[node] = num_past + row
             frontier = [(node, outputs[node]) for node in expand]
-        return rerank(tokens, parents, scores, levels, c.num_nodes)
+        return rerank(tokens, parents, scores, levels, num_nodes)
 
 
 def rerank(tokens: list[int], parents: list[int], scores: list[float], levels: list[int],

@@ -87,12 +87,12 @@ class MedusaSession:
 
     @torch.inference_mode()
     def propose(self, context_ids: list[int], max_tokens: int, params: SamplingParams,
-                generator: torch.Generator | None) -> DraftTree:
+                generator: torch.Generator | None, max_nodes: int | None = None) -> DraftTree:
         hidden = getattr(self.sequence, "hidden", None)  # [H]
         if max_tokens <= 0 or hidden is None:
             return DraftTree.empty()
         d = self.drafter
-        paths = [p for p in d.paths if len(p) <= max_tokens]
+        paths = _best_paths(d.paths, max_tokens, len(d.paths) if max_nodes is None else max_nodes)
         if not paths:
             return DraftTree.empty()
         parents, ranks = paths_to_parents(paths)
@@ -103,6 +103,17 @@ class MedusaSession:
         candidates = d.vocab_ids[top].tolist()  # [K][R] target token ids
         tokens = tuple(candidates[len(p) - 1][r] for p, r in zip(ordered, ranks))
         return DraftTree(tokens, parents, None)
+
+
+def _best_paths(paths: list[tuple[int, ...]], max_depth: int, max_nodes: int) -> list[tuple[int, ...]]:
+    """The first max_nodes paths (best first) no deeper than max_depth whose parent path is kept."""
+    kept: list[tuple[int, ...]] = []
+    for path in paths:
+        if len(kept) == max_nodes:
+            break
+        if len(path) <= max_depth and (len(path) == 1 or path[:-1] in kept):
+            kept.append(path)
+    return kept
 
 
 class MedusaDrafter:

@@ -57,11 +57,12 @@ class NgramSession:
         self.config = config
 
     def propose(self, context_ids: list[int], max_tokens: int, params: SamplingParams,
-                generator: torch.Generator | None) -> DraftTree:
-        if max_tokens <= 0:
+                generator: torch.Generator | None, max_nodes: int | None = None) -> DraftTree:
+        max_nodes = max_tokens * self.config.num_branches if max_nodes is None else max_nodes  # a trie: at most this
+        if max_tokens <= 0 or max_nodes <= 0:
             return DraftTree.empty()
         context = np.asarray(context_ids, dtype=np.int64)
-        continuations = find_continuations(context, max_tokens, self.config)
+        continuations = find_continuations(context, min(max_tokens, max_nodes), self.config)
         if len(continuations) == 1:
             return DraftTree.chain(continuations[0].tolist())
         tokens: list[int] = []
@@ -72,6 +73,8 @@ class NgramSession:
             for token in cont.tolist():
                 node = trie.get((parent, token))
                 if node is None:
+                    if len(tokens) == max_nodes:
+                        break
                     node = trie[(parent, token)] = len(tokens)
                     tokens.append(token)
                     parents.append(parent)

@@ -23,10 +23,17 @@ class RunningServer:
     server: grpc.Server
     port: int
     health: health.HealthServicer
+    service_names: tuple[str, ...] = ()
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def set_serving(self, serving: bool) -> None:
+        """Health of every service of this server (the router stops placing work on NOT_SERVING)."""
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ["", *self.service_names]:
+            self.health.set(name, status)
 
     def stop(self, grace_s: float = 2.0) -> None:
         self.health.enter_graceful_shutdown()
@@ -53,7 +60,7 @@ def start_server(register: Callable[[grpc.Server], None], service_names: list[st
     server.start()
     for name in ["", *service_names]:
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return RunningServer(server, bound, health_servicer)
+    return RunningServer(server, bound, health_servicer, tuple(service_names))
 
 
 def run_until_signalled(running: RunningServer, kind: str, on_stop: Callable[[], None] | None = None) -> int:

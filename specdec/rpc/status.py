@@ -22,6 +22,7 @@ CODES = (  # most specific first: DeadlineExceeded is also a TimeoutError, Model
     (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
     (errors.DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
     (errors.Cancelled, grpc.StatusCode.CANCELLED),
+    (errors.Internal, grpc.StatusCode.INTERNAL),
 )
 
 

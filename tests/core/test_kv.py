@@ -2,41 +2,65 @@ import torch
 
 pytestmark = __import__("pytest").mark.usefixtures("one_thread")
 
+from specdec.batch_cache import BatchCache
 from specdec.core import kv
 from specdec.core.tree import DraftTree, tree_layout
 from specdec.models.loader import load_model
 from specdec.models.runner import ModelRunner
 
 
+class Holder:
+    """The least a BatchCache lends from: a cache and the two fields it sets."""
+
+    def __init__(self, cache):
+        self.cache, self.cache_lender, self.finish_reason = cache, None, None
+
+
 def test_commit_keeps_accepted_path_like_sequential_decoding(tiny_target):
     runner = ModelRunner(load_model(tiny_target, torch.float32).model)
     prefix = [3, 14, 15, 92, 65]
     tree = DraftTree((20, 21, 22, 23, 24), (-1, -1, 1, 2, 0))
-    cache = runner.new_cache()
-    runner.forward(prefix[:-1], cache, want_logits=False)
-    num_cached = kv.num_cached(cache)
+    holder = Holder(runner.new_cache())
+    runner.forward(prefix[:-1], holder.cache, want_logits=False)
+    pool = BatchCache(runner)
+    cache, _ = pool.take([holder])  # a batch of one: the sequence's own cache
     runner.forward([prefix[-1], *tree.token_ids], cache, tree_layout(tree.parent_ids))
-    accepted_rows = [2, 3, 4]  # nodes 1 -> 2 -> 3: tokens 21, 22, 23
-    kv.keep_rows(cache, num_cached, [0, *accepted_rows])
+    pool.commit([[0, 2, 3, 4]])  # root, then nodes 1 -> 2 -> 3: tokens 21, 22, 23
+    pool.release()
     reference = runner.new_cache()
     runner.forward(prefix + [21, 22, 23], reference, want_logits=False)
-    assert kv.num_cached(cache) == kv.num_cached(reference) == len(prefix) + 3
-    for got, want in zip(cache.layers, reference.layers):
+    assert kv.num_cached(holder.cache) == kv.num_cached(reference) == len(prefix) + 3
+    for got, want in zip(holder.cache.layers, reference.layers):
         assert torch.allclose(got.keys, want.keys, atol=1e-5)
         assert torch.allclose(got.values, want.values, atol=1e-5)
     # The next step from the committed cache sees exactly the sequential context.
-    nxt, _ = runner.forward([7], cache)
+    nxt, _ = runner.forward([7], holder.cache)
     ref, _ = runner.forward([7], reference)
     assert torch.allclose(nxt, ref, atol=1e-4)
 
 
-def test_chain_commit_and_rollback(tiny_target):
+def test_rollback_undoes_a_forward_and_a_half_done_commit(tiny_target):
+    runner = ModelRunner(load_model(tiny_target, torch.float32).model)
+    holders = [Holder(runner.new_cache()) for _ in range(2)]
+    runner.forward([1, 2, 3, 4], holders[0].cache, want_logits=False)
+    runner.forward([5, 6], holders[1].cache, want_logits=False)
+    before = [[layer.keys.clone() for layer in h.cache.layers] for h in holders]
+    pool = BatchCache(runner)
+    cache, lens = pool.take(holders)
+    assert lens == [4, 2]
+    for layer in cache.layers[: len(cache.layers) // 2]:  # as if a forward died halfway through the layers
+        layer.keys = torch.cat([layer.keys, layer.keys[:, :, :3]], dim=2)
+        layer.values = torch.cat([layer.values, layer.values[:, :, :3]], dim=2)
+    pool.rollback()
+    pool.release()
+    for h, keys in zip(holders, before):
+        assert [torch.equal(layer.keys, k) for layer, k in zip(h.cache.layers, keys)] == [True] * len(keys)
+
+
+def test_crop_rolls_a_drafters_cache_back(tiny_target):
     runner = ModelRunner(load_model(tiny_target, torch.float32).model)
     cache = runner.new_cache()
-    runner.forward([1, 2, 3, 4], cache, want_logits=False)
-    runner.forward([5, 6, 7], cache, tree_layout((-1, 0)))
-    kv.keep_rows(cache, 4, [0, 1])
-    assert kv.num_cached(cache) == 6
+    runner.forward([1, 2, 3, 4, 5, 6], cache, want_logits=False)
     kv.crop(cache, 2)
     assert kv.num_cached(cache) == 2
     kv.crop(cache, 10)  # longer than the cache: nothing happens

@@ -45,7 +45,11 @@ def test_chain_matches_recompute_without_cache(tiny_target, tiny_eagle_dir):
     assert steps
     from specdec.sequence import Sequence
 
+    from specdec.batch_cache import BatchCache
+    from specdec.step import verify_step
+
     seq = Sequence(engine.runner, prompt, GREEDY, keep_features=True)
+    pool = BatchCache(engine.runner)
     session = d.new_session()
     session.attach(seq)
     for _ in range(3):
@@ -61,7 +65,7 @@ def test_chain_matches_recompute_without_cache(tiny_target, tiny_eagle_dir):
             pair_feats.append(out[0, -1])
             pair_toks.append(token)
         assert list(tree.token_ids) == want
-        seq.step(tree)
+        verify_step(engine.runner, [seq], [tree], pool)
 
 
 def test_rerank_keeps_parents_and_budget():

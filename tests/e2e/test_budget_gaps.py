@@ -12,7 +12,7 @@ from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.models.loader import load_model
 from specdec.models.runner import ModelRunner
 from specdec.engine import Engine
-from specdec.load_aware import NO_CAP, LoadAwareBudget
+from specdec.policy import NO_CAP, SpeculationPolicy
 from specdec.rpc.convert import params_to_pb
 from specdec.rpc.server import start_server
 from specdec.rpc.v1 import target_pb2, target_pb2_grpc
@@ -21,20 +21,20 @@ from target_service.server import TargetServicer
 from target_service.worker import TargetWorker
 
 
-class ScriptedBudget(LoadAwareBudget):
-    """Budget 0 on steps in `off` (counted per verify step), no limit otherwise; trees pass untrimmed."""
+class ScriptedBudget(SpeculationPolicy):
+    """Budget 0 on steps in `off` (counted per verify step), no limit otherwise; trees pass uncut."""
 
     def __init__(self, off: range):
         super().__init__()
         self.off, self.num_steps = off, 0
 
-    def hint(self, key: str) -> int:
+    def cap(self) -> int:
         return 0 if self.num_steps in self.off else NO_CAP
 
-    def allocate(self, keys, trees):
+    def allocate(self, keys, trees, sampled):
         return trees
 
-    def record(self, keys, trees, steps, seconds):
+    def record(self, keys, trees, steps, verify_s, draft_s=0.0):
         self.num_steps += 1
 
 
@@ -44,7 +44,7 @@ def test_drafting_resumes_after_a_zero_budget(tiny_models, reference):
     want = reference("none", prompt, params).token_ids
     engine = Engine.from_pretrained(str(tiny_models["target"]), dtype="float32")
     worker = TargetWorker(engine, TargetConfig(draft_wait_s=5.0))
-    worker.budget = ScriptedBudget(off=range(2, 6))
+    worker.policy = ScriptedBudget(off=range(2, 6))
     server = start_server(lambda s: target_pb2_grpc.add_TargetWorkerServicer_to_server(TargetServicer(worker), s),
                           ["specdec.v1.TargetWorker"])
     draft_model = ModelRunner(load_model(tiny_models["draft"], torch.float32).model)  # a noisy copy: often right

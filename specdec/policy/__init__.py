@@ -1,0 +1,137 @@
+"""The speculation policy: how deep to draft and how many nodes to verify, for every path.
+
+The in-process engine, in-process batching, the target worker (its own drafting and the drafts it
+receives) and the draft worker all ask one `SpeculationPolicy`, so a rule lands once:
+
+    budget = policy.plan(key, limit)                  # before drafting: DraftBudget(depth, max_nodes)
+    tree   = session.propose(ctx, budget.depth, ..., max_nodes=budget.max_nodes)
+    trees  = policy.allocate(keys, trees, sampled)    # what one forward verifies
+    ...verify step...
+    policy.record(keys, trees, steps, verify_s, draft_s)
+
+Two estimates live here, once each: per sequence, the acceptance alpha and the sequence's own best
+depth (specdec.policy.depth); per worker, the batch node budget R from measured forward costs
+(specdec.policy.budget). A limiting batch budget decides the depth (it sees the batch and its costs);
+without one the sequence's own choice does.
+
+Exactness (the shape rule). Verification yields the target's distribution only if, whenever a draft
+node is judged, its token is distributed as the q it carries given everything that decided the node
+is there. So a node's presence may depend on what was fixed before its own token was drawn (its
+ancestors, earlier draws, the budget, the policy's past statistics), never on its own token or later
+draws. Hence:
+- deterministic trees (q is None: prompt lookup, Medusa, EAGLE's top-k tree) and every tree of a
+  greedy sequence are functions of the committed context alone: they may be cut freely, here by
+  likelihood order;
+- a sampled tree (q given, temperature > 0) is never cut by anything that looks at its shape. It is
+  cut only to its first `planned` nodes, `planned` being the node budget fixed before it was drafted.
+  Drafters list nodes in draw order and decide a node's presence from earlier draws only (see
+  specdec.drafters.base), so a prefix keeps every kept node's q exact. A pipelined draft drafted
+  before its budget was announced is cut the same way.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specdec.core.tree import DraftTree
+from specdec.policy.budget import NO_CAP, BatchBudget, BudgetConfig, CostTable, keep_nodes, node_order
+from specdec.policy.depth import Acceptance, DepthConfig, DepthController
+
+__all__ = ["NO_CAP", "CostTable", "DraftBudget", "PolicyConfig", "SpeculationPolicy", "keep_nodes", "node_order"]
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    max_depth: int = 8  # the most draft tokens along any path
+    adaptive: bool = True  # per-sequence depth from acceptance and cost; False = always max_depth
+    load_aware: bool = True  # per-batch node budget from measured forward costs
+    depth: DepthConfig | None = None  # finer knobs (None: defaults with max_depth / adaptive above)
+    budget: BudgetConfig | None = None
+
+
+@dataclass(frozen=True)
+class DraftBudget:
+    depth: int  # deepest node the drafter may propose (0 = do not draft)
+    max_nodes: int | None  # most nodes the step will verify (None = the drafter's own limit)
+
+
+class SpeculationPolicy:
+    def __init__(self, config: PolicyConfig = PolicyConfig()):
+        self.config = config
+        self.depth_config = config.depth or DepthConfig(max_depth=config.max_depth, adaptive=config.adaptive)
+        self.batch = BatchBudget(config.budget or BudgetConfig(enabled=config.load_aware))
+        self.seqs: dict[str, DepthController] = {}
+        self.planned: dict[str, int] = {}  # key -> node budget fixed before its pending draft was drafted
+        self.pool = Acceptance()  # worker-wide acceptance: the prior of new sequences
+
+    def add(self, key: str) -> None:
+        self.seqs[key] = DepthController(self.depth_config, self.pool.prior())
+
+    def remove(self, key: str) -> None:
+        self.seqs.pop(key, None)
+        self.planned.pop(key, None)
+
+    def alpha(self, key: str) -> float:
+        seq = self.seqs.get(key)
+        return min(seq.alpha if seq is not None else self.pool.alpha, 0.999)
+
+    def cap(self) -> int:
+        """The batch's node budget for the next step (0 = do not draft, NO_CAP = no limit)."""
+        return self.batch.cap()
+
+    def announce(self, key: str) -> int:
+        """The node budget of this sequence's next step (0 = do not draft, NO_CAP = no limit), fixed
+        now, before anyone drafts for it: a draft worker is told it, and its draft is cut to it."""
+        nodes = self.cap()
+        if key in self.seqs:
+            self.planned[key] = nodes
+        return nodes
+
+    def plan(self, key: str, limit: int, cap: int | None = None) -> DraftBudget:
+        """How to draft this sequence's next step; limit: the deepest the sequence allows (tokens
+        left, context room); cap: a node budget announced by the target (draft worker side)."""
+        nodes = self.announce(key)
+        if cap is not None and cap < nodes:
+            nodes = cap
+            if key in self.seqs:
+                self.planned[key] = nodes
+        own = self.seqs[key].depth() if key in self.seqs else self.depth_config.max_depth
+        depth = own if nodes >= NO_CAP else nodes
+        depth = max(0, min(depth, self.depth_config.max_depth, limit))
+        return DraftBudget(depth, None if nodes >= NO_CAP else nodes)
+
+    def allocate(self, keys: list[str], trees: list[DraftTree], sampled: list[bool]) -> list[DraftTree]:
+        """The trees one forward verifies. sampled[i]: trees[i] was drawn at random (q given and the
+        sequence samples): cut only to its planned prefix. Others: cut to the batch's best R."""
+        out = [_prefix(t, self.planned.get(k, NO_CAP)) if s else t for k, t, s in zip(keys, trees, sampled)]
+        orders = [node_order(t, self.alpha(k)) for k, t in zip(keys, out)]
+        best = self.batch.choose([[p for _, p in order] for order in orders], len(out))
+        return [t if s else keep_nodes(t, [i for i, _ in order[:best]])
+                for t, s, order in zip(out, sampled, orders)]
+
+    def record(self, keys: list[str], trees: list[DraftTree], steps: list, verify_s: float,
+               draft_s: float = 0.0) -> None:
+        """One forward's outcome: trees as verified, each sequence's StepResult (None: it failed)."""
+        rows = len(trees) * (1 + max((t.num_nodes for t in trees), default=0))
+        self.batch.record(rows, verify_s, sum(len(s.token_ids) for s in steps if s is not None), len(trees))
+        for key, tree, step in zip(keys, trees, steps):
+            if step is not None:
+                self.observe(key, step.depth if tree.num_nodes else 0, step.num_accepted, verify_s + draft_s)
+
+    def observe(self, key: str, depth: int, num_accepted: int, step_s: float) -> None:
+        """One step of one sequence: depth verified (0 = plain), accepted tokens, its seconds."""
+        seq = self.seqs.get(key)
+        if seq is None:
+            return
+        seq.record(depth, num_accepted, step_s)
+        if depth > 0:
+            self.pool.record(depth, min(num_accepted, depth), self.depth_config.decay)
+
+
+def _prefix(tree: DraftTree, num_nodes: int) -> DraftTree:
+    """The first num_nodes nodes in draw order (parents come first, so it is a valid tree)."""
+    return tree if tree.num_nodes <= num_nodes else keep_nodes(tree, list(range(num_nodes)))
+
+
+def is_sampled(tree: DraftTree, greedy: bool) -> bool:
+    """Whether the tree's shape may depend on random draws (it must not be cut by its shape)."""
+    return tree.q is not None and not greedy

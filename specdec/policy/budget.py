@@ -1,0 +1,147 @@
+"""The batch's node budget: how many draft nodes each sequence gets verified in one forward.
+
+Speculation pays when a forward is bound by reading the weights: one extra row is almost free. At
+high load the forward is already bound by compute, every extra row costs, and drafting makes the
+system slower than plain batched decoding. So the step that verifies a batch decides, from measured
+costs and measured acceptance, how many nodes per sequence to verify:
+
+    rows per sequence   R + 1             the batch is padded to its longest tree (specdec.step), so
+                                          every sequence gets the same node budget R (0 = plain step)
+    cost                t(B * (R + 1))    seconds of one verify forward over B sequences, measured:
+                                          decayed mean per padded row count, interpolated between
+                                          measured counts, extrapolated pessimistically above them
+    gain                B + sum_i sum_{node kept} P_i(node)
+    P_i(node)           P_i(parent) * alpha_i * (1 - alpha_i)^rank   (rank among its siblings)
+    choice              R maximising gain / cost
+
+Costs above the measured row counts are unknown, so every `probe_interval` steps one step verifies
+`probe_tokens` more per sequence (one in batches of 4 or more) and measures it; a probe that did not
+beat the choice's expected rate doubles the interval, so under load probing costs well under a percent.
+
+Which trees may be cut after drafting is the exactness question, answered in specdec.policy.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from specdec.core.tree import DraftTree
+
+NO_CAP = 1 << 16  # "no node limit": the sequence's own depth choice decides
+
+
+@dataclass(frozen=True)
+class BudgetConfig:
+    enabled: bool = True
+    decay: float = 0.9  # weight of history in cost means
+    probe_tokens: int = 2
+    min_probe_interval: int = 8
+    max_probe_interval: int = 256
+
+
+class CostTable:
+    """Seconds per verify forward against its padded row count: decayed means per measured count."""
+
+    def __init__(self, decay: float):
+        self.decay = decay
+        self.means: dict[int, float] = {}
+
+    def record(self, num_rows: int, seconds: float) -> None:
+        old = self.means.get(num_rows)
+        self.means[num_rows] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
+
+    def estimate(self, num_rows: int) -> float | None:
+        if num_rows in self.means:
+            return self.means[num_rows]
+        known = sorted(self.means)
+        if not known:
+            return None
+        at = bisect.bisect(known, num_rows)
+        if at == 0:  # below every measured count: proportional to the smallest
+            return self.means[known[0]] * num_rows / known[0]
+        lo = known[at - 1]
+        if at == len(known):  # above: extend the line through the two largest, never below proportional/2
+            slope = self.means[lo] / lo / 2
+            if len(known) >= 2:
+                slope = max(slope, (self.means[lo] - self.means[known[-2]]) / (lo - known[-2]))
+            return self.means[lo] + slope * (num_rows - lo)
+        hi = known[at]
+        w = (num_rows - lo) / (hi - lo)
+        return (1 - w) * self.means[lo] + w * self.means[hi]
+
+
+class BatchBudget:
+    """R for each verify forward, chosen from measured costs; `cap()` is what drafters are told."""
+
+    def __init__(self, config: BudgetConfig = BudgetConfig()):
+        self.config = config
+        self.costs = CostTable(config.decay)
+        self.last_budget = NO_CAP  # R chosen at the last step (NO_CAP: drafts were not cut)
+        self.steps_since_probe = 0
+        self.probe_interval = config.min_probe_interval
+        self.probe_expected: float | None = None  # during a probe step: the expected rate of the choice
+
+    def cap(self) -> int:
+        """Most nodes the next step will verify per sequence (0 = do not draft, NO_CAP = no limit)."""
+        if not self.config.enabled or self.last_budget == NO_CAP:
+            return NO_CAP
+        if self.steps_since_probe + 1 >= self.probe_interval:
+            return self.last_budget + self.config.probe_tokens  # drafts for a probe
+        return self.last_budget if self.last_budget == 0 else self.last_budget + 1
+
+    def choose(self, orders: list[list[float]], batch: int) -> int:
+        """R for this forward (and, through cap(), the next one). orders: per tree, P(node) most
+        likely first. Trees that may not be cut (sampled ones) count as if cut: R is learnt for
+        their next budget."""
+        max_nodes = max((len(o) for o in orders), default=0)
+        self.probe_expected = None
+        if not self.config.enabled or max_nodes == 0:
+            return NO_CAP
+        best_r, best_rate = 0, None
+        for r in range(max_nodes + 1):
+            cost = self.costs.estimate(batch * (r + 1))
+            if cost is None or cost <= 0:
+                continue
+            rate = (batch + sum(sum(order[:r]) for order in orders)) / cost
+            if best_rate is None or rate > best_rate:
+                best_r, best_rate = r, rate
+        probe = self.config.probe_tokens if batch < 4 else 1  # a probe costs batch * depth extra rows
+        if not self.costs.means:  # nothing measured yet: a short first draft measures a speculative step
+            best_r = min(probe, max_nodes)
+        elif self.steps_since_probe + 1 >= self.probe_interval and best_r < max_nodes:
+            self.probe_expected = best_rate or 0.0
+            best_r = min(best_r + probe, max_nodes)
+        self.last_budget = NO_CAP if best_r >= max_nodes else best_r
+        return best_r
+
+    def record(self, num_rows: int, seconds: float, num_tokens: int, batch: int) -> None:
+        """The forward's padded rows, wall seconds and tokens emitted over the batch."""
+        self.costs.record(num_rows, seconds)
+        self.steps_since_probe += 1
+        if self.probe_expected is not None:  # did the probe beat what the choice was expected to do?
+            paid = num_tokens / seconds >= 1.02 * self.probe_expected  # a clear gain, not timing noise
+            floor = self.config.min_probe_interval * (4 if batch >= 4 else 1)  # big batches probe rarer
+            self.probe_interval = floor if paid else min(max(2 * self.probe_interval, floor),
+                                                         self.config.max_probe_interval)
+            self.steps_since_probe = 0
+
+
+def node_order(tree: DraftTree, alpha: float) -> list[tuple[int, float]]:
+    """(node, P(node)) most likely first; a node comes after its parent and its earlier siblings."""
+    probs, rank, seen = [], [], {}
+    for i, parent in enumerate(tree.parent_ids):
+        rank.append(seen.get(parent, 0))
+        seen[parent] = rank[-1] + 1
+        probs.append((1.0 if parent < 0 else probs[parent]) * alpha * (1 - alpha) ** rank[-1])
+    return sorted(enumerate(probs), key=lambda item: (-item[1], item[0]))
+
+
+def keep_nodes(tree: DraftTree, nodes: list[int]) -> DraftTree:
+    """The sub-tree made of `nodes` (closed under parents and earlier siblings), re-indexed."""
+    if len(nodes) == tree.num_nodes:
+        return tree
+    nodes = sorted(nodes)
+    index = {node: i for i, node in enumerate(nodes)}
+    parents = tuple(-1 if tree.parent_ids[n] < 0 else index[tree.parent_ids[n]] for n in nodes)
+    q = tree.q[nodes] if tree.q is not None and nodes else None
+    return DraftTree(tuple(tree.token_ids[n] for n in nodes), parents, q)

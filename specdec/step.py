@@ -1,0 +1,171 @@
+"""One verify step over a batch of sequences (a single sequence is a batch of one), and one commit.
+
+Every path verifies through `verify_step`: the in-process engine, in-process batching, the target
+worker and its tensor-parallel followers. Sequences differ in cache length and tree size, so a step
+pads them into one forward:
+    cache  [B, heads, L, head_dim]    every sequence's cache, left-aligned (kept in a BatchCache)
+    input  [B, N]                     [root] + tree nodes, N = most rows
+    mask   [B, 1, N, L + N]           row r of sequence i sees its own cache [0, L_i) and, among the new
+                                      columns L.., its tree ancestors and itself; padding rows see only
+                                      themselves (no all -inf row, no NaN)
+    positions [B, N]                  L_i + depth
+After the forward each sequence keeps its cache plus the columns of its root and accepted path.
+
+All or nothing: until the cache commit has finished, a failure rolls every cache and sampling
+generator back to where the step found them, so the step can be retried (alone, by
+`verify_each`) without stepping any sequence twice.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from specdec import parallel
+from specdec.batch_cache import BatchCache
+from specdec.core.tree import DraftTree, TreeLayout, tree_layout
+from specdec.models.runner import ModelRunner
+from specdec.policy import SpeculationPolicy, is_sampled
+from specdec.sequence import Sequence, StepResult
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepFailure:
+    """A sequence whose step could not be done; `reason` names the cause (for an INTERNAL status)."""
+
+    reason: str
+
+
+def verify_step(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree],
+                pool: BatchCache) -> list[StepResult | StepFailure]:
+    """Verify trees[i] for seqs[i] (all unfinished) in one forward and commit. Raises (with every
+    cache and generator rolled back) or returns one result per sequence."""
+    start = time.perf_counter()
+    layouts = [tree_layout(t.parent_ids) for t in trees]
+    cache, cache_lens = pool.take(seqs)
+    states = [None if s.generator is None or not isinstance(s.generator, torch.Generator)
+              else s.generator.get_state() for s in seqs]
+    try:
+        ids, bias, positions = _pack(runner, seqs, trees, layouts, cache_lens)
+        hidden = runner.forward_batch(ids, cache, bias, positions)  # [B, N, hidden]
+        num_rows = [layout.num_rows for layout in layouts]
+        flat = torch.cat([hidden[i, :n] for i, n in enumerate(num_rows)])  # [sum rows, hidden]
+        logits = runner.logits(flat).split(num_rows)  # B x [rows_i, vocab]
+        verdicts = [seq.verify(tree, layout, logits[i])
+                    for i, (seq, tree, layout) in enumerate(zip(seqs, trees, layouts))]
+        pool.commit([[0, *v.accepted_rows] for v in verdicts])  # root + accepted path, per row
+    except BaseException:
+        pool.rollback()
+        for seq, state in zip(seqs, states):
+            if state is not None:
+                seq.generator.set_state(state)
+        raise
+    verify_s = time.perf_counter() - start
+    results: list[StepResult | StepFailure] = []
+    for i, (seq, tree, layout, verdict) in enumerate(zip(seqs, trees, layouts, verdicts)):
+        try:  # past the cache commit nothing is retried: a failure here fails this sequence only
+            results.append(seq.commit_verified(tree, layout, verdict, hidden[i, :num_rows[i]], verify_s))
+        except Exception as exc:  # noqa: BLE001
+            log.exception("commit failed")
+            seq.finish_reason = "error"
+            results.append(StepFailure(f"commit failed: {type(exc).__name__}: {exc}"))
+    if all(seq.finish_reason is not None for seq in seqs):
+        pool.release()
+    return results
+
+
+def verify_each(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree], pool: BatchCache,
+                fault=None) -> list[StepResult | StepFailure]:
+    """The batch in one forward; if that fails (rolled back), each sequence alone, so a sequence that
+    fails alone fails alone and the others decode on. fault(seqs): a test hook that may raise."""
+    try:
+        if fault is not None:
+            fault(seqs)
+        return list(verify_step(runner, seqs, trees, pool))
+    except Exception as exc:  # noqa: BLE001 - judged per sequence below
+        if len(seqs) == 1:
+            log.exception("verify step failed")
+            return [StepFailure(f"verify step failed: {type(exc).__name__}: {exc}")]
+        log.exception("batched verify failed; stepping the %d sequences one by one", len(seqs))
+    return [verify_each(runner, [seq], [tree], pool, fault)[0] for seq, tree in zip(seqs, trees)]
+
+
+def _pack(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree], layouts: list[TreeLayout],
+          cache_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ids [B, N], bias [B, 1, N, L + N], positions [B, N] for one padded verify forward."""
+    num_rows = [layout.num_rows for layout in layouts]
+    max_len, max_rows, batch = max(cache_lens), max(num_rows), len(seqs)
+    ids = torch.zeros(batch, max_rows, dtype=torch.long)
+    positions = torch.zeros(batch, max_rows, dtype=torch.long)
+    bias = torch.full((batch, 1, max_rows, max_len + max_rows), torch.finfo(runner.dtype).min, dtype=runner.dtype)
+    for i, (seq, tree, layout) in enumerate(zip(seqs, trees, layouts)):
+        n = num_rows[i]
+        ids[i, :n] = torch.tensor([seq.context[-1], *tree.token_ids])
+        positions[i, :n] = torch.tensor(layout.depths) + cache_lens[i]
+        positions[i, n:] = cache_lens[i]
+        bias[i, 0, :n, :cache_lens[i]] = 0.0
+        bias[i, 0, :n, max_len:max_len + n].masked_fill_(layout.mask, 0.0)
+        pad = torch.arange(n, max_rows)
+        bias[i, 0, pad, max_len + pad] = 0.0
+    return ids, bias, positions
+
+
+@dataclass
+class Drafting:
+    """One sequence's part in a decode step: its key in the policy and its drafter session (None:
+    no drafter here; a draft may still come from elsewhere as `tree`)."""
+
+    key: str
+    seq: Sequence
+    session: object | None = None
+    tree: DraftTree | None = None
+
+
+def plan_all(policy: SpeculationPolicy, entries: list[Drafting], max_len: int) -> list:
+    """Each drafting entry's DraftBudget for this step (None: it drafts nothing here), fixed before
+    anything is drafted."""
+    budgets = []
+    for e in entries:
+        if e.tree is not None or e.session is None:
+            budgets.append(None)
+            continue
+        limit = min(e.seq.num_remaining - 1, max_len - len(e.seq.context) - 1)  # never draft past the end
+        budgets.append(policy.plan(e.key, limit))
+    return budgets
+
+
+def propose_all(entries: list[Drafting], budgets: list) -> tuple[list[DraftTree], float]:
+    """Each entry's tree: its given tree, or a fresh draft within its budget. A drafter that fails
+    costs its sequence the draft, nothing more. Returns (trees, seconds spent drafting)."""
+    start = time.perf_counter()
+    trees = []
+    for e, budget in zip(entries, budgets):
+        tree = e.tree if e.tree is not None else DraftTree.empty()
+        if budget is not None:
+            depth = parallel.broadcast_int(budget.depth)  # tensor-parallel ranks must verify the same tree
+            try:
+                if depth > 0:
+                    tree = e.session.propose(e.seq.context, depth, e.seq.params, e.seq.generator,
+                                             max_nodes=budget.max_nodes)
+            except Exception:  # noqa: BLE001
+                log.exception("drafting failed for %s; verifying without a draft", e.key)
+        trees.append(tree)
+    return trees, time.perf_counter() - start
+
+
+def decode_step(runner: ModelRunner, policy: SpeculationPolicy, pool: BatchCache, entries: list[Drafting],
+                max_len: int, fault=None) -> tuple[list[DraftTree], list[StepResult | StepFailure], float]:
+    """Draft, choose what to verify, verify, learn: one step of every entry, as prose.
+    Returns (trees as verified, results, seconds spent drafting)."""
+    trees, draft_s = propose_all(entries, plan_all(policy, entries, max_len))
+    keys = [e.key for e in entries]
+    trees = policy.allocate(keys, trees, [is_sampled(t, e.seq.params.greedy) for t, e in zip(trees, entries)])
+    start = time.perf_counter()
+    results = verify_each(runner, [e.seq for e in entries], trees, pool, fault)
+    policy.record(keys, trees, [r if isinstance(r, StepResult) else None for r in results],
+                  time.perf_counter() - start, draft_s)
+    return trees, results, draft_s

@@ -1,0 +1,173 @@
+"""The speculation policy: a sequence's own depth backs off when drafts fail and goes deep when they
+pass; the batch node budget speculates where it pays (low load) and falls back to plain steps where it
+does not (high load); cutting keeps valid trees and never cuts a sampled tree by its shape."""
+import random
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from specdec.core.tree import DraftTree, tree_layout
+from specdec.policy import NO_CAP, CostTable, PolicyConfig, SpeculationPolicy, keep_nodes, node_order
+from specdec.policy.budget import BudgetConfig
+from specdec.policy.depth import DepthConfig, DepthController
+
+T_PLAIN, T_EXTRA, T_DRAFT = 0.053, 0.045, 0.004  # SmolLM2 on this CPU: 1-token forward, verify overhead, draft
+
+
+@dataclass
+class FakeStep:
+    token_ids: list
+    num_accepted: int
+    depth: int
+
+
+def simulate(batch: int, alpha: float, cost, num_steps: int = 400, enabled: bool = True, seed: int = 0) -> float:
+    """Tokens per second of `batch` sequences drafting 8-token chains accepted token by token with
+    probability alpha; cost(rows) = seconds of a verify forward over that many padded rows."""
+    rng = random.Random(seed)
+    budget = SpeculationPolicy(PolicyConfig(adaptive=False, load_aware=enabled))
+    keys = [str(i) for i in range(batch)]
+    for k in keys:
+        budget.add(k)
+    tokens = seconds = 0.0
+    for _ in range(num_steps):
+        trees = [DraftTree.chain([1] * budget.plan(k, 8).depth) for k in keys]
+        trees = budget.allocate(keys, trees, [False] * batch)
+        steps = []
+        for tree in trees:
+            accepted = 0
+            while accepted < tree.num_nodes and rng.random() < alpha:
+                accepted += 1
+            steps.append(FakeStep([0] * (accepted + 1), accepted, tree.num_nodes))
+        rows = batch * (1 + max(t.num_nodes for t in trees))
+        step_s = cost(rows)
+        budget.record(keys, trees, steps, step_s)
+        tokens += sum(len(s.token_ids) for s in steps)
+        seconds += step_s
+    return tokens / seconds
+
+
+def cpu_like(rows: int) -> float:
+    """This machine's shape: 1 row 53 ms, 2-16 rows ~100-130 ms, then compute-bound ~8 ms a row."""
+    return 0.053 if rows == 1 else 0.1 + 0.002 * rows if rows <= 16 else 0.13 + 0.008 * (rows - 16)
+
+
+def gpu_like(rows: int) -> float:
+    """Memory-bound until ~64 rows, then linear in rows."""
+    return 0.02 + 0.0005 * max(rows - 64, 0)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 4, 8, 16, 32])
+@pytest.mark.parametrize("alpha", [0.1, 0.5, 0.8])
+@pytest.mark.parametrize("cost", [cpu_like, gpu_like])
+def test_never_slower_than_plain(batch, alpha, cost):
+    plain = batch / cost(batch)
+    spec = simulate(batch, alpha, cost)
+    assert spec >= 0.97 * plain, (spec, plain)
+
+
+def test_speculates_when_it_pays():
+    assert simulate(1, 0.9, cpu_like) > 1.5 / cpu_like(1)  # CPU, one user, drafts nearly always right
+    assert simulate(8, 0.8, gpu_like) > 2.5 * 8 / gpu_like(8)  # memory-bound batch: verifying is ~free
+
+
+def test_no_drafting_under_compute_bound_load():
+    budget = SpeculationPolicy(PolicyConfig(max_depth=4, adaptive=False))
+    keys = [str(i) for i in range(32)]
+    for k in keys:
+        budget.add(k)
+    for _ in range(50):
+        trees = [DraftTree.chain([1] * budget.plan(k, 4).depth) for k in keys]
+        trees = budget.allocate(keys, trees, [False] * len(keys))
+        budget.record(keys, trees, [FakeStep([0], 0, t.num_nodes) for t in trees], cpu_like(32 * (1 + trees[0].num_nodes)))
+    assert budget.cap() == 0 and budget.plan("0", 4).depth == 0  # drafters are told not to draft
+    assert budget.batch.probe_interval > BudgetConfig().min_probe_interval  # failed probes back off
+
+
+def test_disabled_passes_trees_through():
+    budget = SpeculationPolicy(PolicyConfig(load_aware=False))
+    budget.add("a")
+    tree = DraftTree.chain([5, 6, 7])
+    assert budget.allocate(["a"], [tree], [False]) == [tree] and budget.announce("a") == NO_CAP
+
+
+def test_sampled_trees_are_cut_only_to_the_budget_planned_before_drafting():
+    """A sampled tree's shape may depend on its tokens: the cut ignores its shape and keeps the first
+    `planned` nodes (draw order); a deterministic tree in the same batch is cut by likelihood."""
+    budget = SpeculationPolicy(PolicyConfig(adaptive=False, budget=BudgetConfig(probe_tokens=1)))
+    budget.add("s")
+    budget.add("d")
+    budget.batch.costs.record(2, 0.05)  # measured: one row each is cheap, more rows are dear
+    budget.batch.costs.record(4, 0.50)
+    budget.batch.last_budget = 1
+    planned = budget.plan("s", 8)
+    assert planned.max_nodes == 2  # last budget + 1
+    q = torch.full((4, 5), 0.2)
+    sampled = DraftTree((1, 2, 3, 4), (-1, -1, 0, 0), q)  # four nodes drafted: two more than planned
+    greedy = DraftTree((1, 2, 3, 4), (-1, 0, -1, 1))
+    cut_s, cut_d = budget.allocate(["s", "d"], [sampled, greedy], [True, False])
+    assert cut_s.token_ids == (1, 2) and cut_s.parent_ids == (-1, -1) and torch.equal(cut_s.q, q[:2])
+    assert cut_d.num_nodes <= 1  # the batch's choice: verifying more rows does not pay here
+
+
+def simulate_depth(accept_all: bool, steps: int = 400, max_depth: int = 8):
+    """Returns (time with speculation, time of plain decoding) for the same number of emitted tokens."""
+    controller = DepthController(DepthConfig(max_depth=max_depth))
+    elapsed, emitted, ks = 0.0, 0, []
+    for _ in range(steps):
+        k = controller.depth()
+        ks.append(k)
+        cost = T_PLAIN + (T_EXTRA + k * T_DRAFT if k else 0.0)
+        accepted = k if accept_all else 0
+        controller.record(k, accepted, cost)
+        elapsed += cost
+        emitted += accepted + 1
+    return elapsed, emitted * T_PLAIN, ks
+
+
+def test_always_wrong_drafts_cost_at_most_ten_percent():
+    spec, plain, ks = simulate_depth(accept_all=False)
+    assert spec <= 1.10 * plain
+    assert sum(1 for k in ks[-200:] if k) <= 200 / 16  # only occasional probes late on
+
+
+def test_always_right_drafts_use_the_maximum():
+    spec, plain, ks = simulate_depth(accept_all=True)
+    assert ks[-1] == 8
+    assert spec < plain / 3
+
+
+def test_not_adaptive_always_drafts_maximum():
+    controller = DepthController(DepthConfig(max_depth=5, adaptive=False))
+    controller.record(5, 0, 1.0)
+    assert controller.depth() == 5
+
+
+def test_trim_keeps_parents_and_earlier_siblings():
+    # root -> 0, 1, 2 (siblings); 0 -> 3 -> 5; 1 -> 4
+    tree = DraftTree((10, 11, 12, 13, 14, 15), (-1, -1, -1, 0, 1, 3), torch.eye(6, 20))
+    order = node_order(tree, 0.6)
+    for r in range(tree.num_nodes + 1):
+        kept = {i for i, _ in order[:r]}
+        for i in kept:
+            parent = tree.parent_ids[i]
+            assert parent < 0 or parent in kept
+            assert all(j in kept for j in range(i) if tree.parent_ids[j] == parent)  # earlier siblings
+        sub = keep_nodes(tree, sorted(kept))
+        sub.validate(20, 64)
+        tree_layout(sub.parent_ids)
+        for n, node in enumerate(sorted(kept)):  # tokens and q rows travel with their node
+            assert sub.token_ids[n] == tree.token_ids[node] and torch.equal(sub.q[n], tree.q[node])
+    assert [i for i, _ in order[:3]] == [0, 3, 1]  # alpha 0.6: first path deeper before a second sibling
+
+
+def test_cost_table_interpolates_and_extrapolates():
+    table = CostTable(decay=0.5)
+    table.record(2, 0.10)
+    table.record(6, 0.30)
+    assert table.estimate(4) == pytest.approx(0.20)
+    assert table.estimate(10) == pytest.approx(0.50)  # the line through the two largest
+    assert table.estimate(1) == pytest.approx(0.05)  # below: proportional
+    table.record(2, 0.20)
+    assert table.estimate(2) == pytest.approx(0.15)  # decayed mean
