@@ -11,10 +11,11 @@ from specdec.step import Drafting, StepFailure, decode_step
 
 
 def generate_batch(engine, prompts: list, params, max_batch: int = 8, chat: bool = False,
-                   load_aware: bool = True) -> list[list[int]]:
+                   load_aware: bool = True, steps: list | None = None) -> list[list[int]]:
     """Up to max_batch sequences step together; a finished sequence leaves and the next prompt joins
     between steps. Each sequence's depth comes from the speculation policy, whose load-aware node
-    budget decides what pays at this batch size. Returns each prompt's generated token ids."""
+    budget decides what pays at this batch size. Returns each prompt's generated token ids; `steps`,
+    if given, receives every sequence's StepResult (drafted and accepted counts)."""
     policy = engine.new_policy(load_aware=load_aware)
     pool = BatchCache(engine.runner)
     queue = list(enumerate(prompts))
@@ -34,6 +35,8 @@ def generate_batch(engine, prompts: list, params, max_batch: int = 8, chat: bool
         for entry, result in zip(active, results):
             if isinstance(result, StepFailure):
                 raise RuntimeError(result.reason)
+            if steps is not None:
+                steps.append(result)
             if entry.seq.finish_reason is not None:
                 outputs[entry.key] = list(entry.seq.generated_ids)
                 policy.remove(entry.key)

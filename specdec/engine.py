@@ -37,6 +37,7 @@ class EngineConfig:
     num_speculative_tokens: int = 8  # the most draft tokens (tree depth) per step
     adaptive: bool = True  # follow acceptance and cost (see adaptive.py); False = always the maximum
     max_tree_nodes: int = 64
+    policy: PolicyConfig | None = None  # the speculation policy's knobs (None: from the two fields above)
 
     def __post_init__(self) -> None:
         if not 1 <= self.num_speculative_tokens <= self.max_tree_nodes:
@@ -82,6 +83,8 @@ class Engine:
 
     def new_policy(self, load_aware: bool = True) -> SpeculationPolicy:
         """The speculation policy for this engine's sequences (depth, node budget, acceptance)."""
+        if self.config.policy is not None:
+            return SpeculationPolicy(self.config.policy)
         return SpeculationPolicy(PolicyConfig(max_depth=self.config.num_speculative_tokens,
                                               adaptive=self.config.adaptive, load_aware=load_aware))
 

@@ -100,7 +100,7 @@ def test_sampled_trees_are_cut_only_to_the_budget_planned_before_drafting():
     budget.add("d")
     budget.batch.costs.record(2, 0.05)  # measured: one row each is cheap, more rows are dear
     budget.batch.costs.record(4, 0.50)
-    budget.batch.last_budget = 1
+    budget.batch.last_budget, budget.batch.num_choices = 1, 1  # as if the last step chose 1 node
     planned = budget.plan("s", 8)
     assert planned.max_nodes == 2  # last budget + 1
     q = torch.full((4, 5), 0.2)

@@ -37,6 +37,11 @@ class BudgetConfig:
     probe_tokens: int = 2
     min_probe_interval: int = 8
     max_probe_interval: int = 256
+    # (padded rows, seconds) known before any step, e.g. measured offline; with learn_costs False they
+    # are all there is, which makes the budget deterministic (tests, simulations, pinned deployments)
+    costs: tuple[tuple[int, float], ...] = ()
+    learn_costs: bool = True
+    first_budget: int | None = None  # nodes of the first step (None: probe_tokens, or no cap if costs are given)
 
 
 class CostTable:
@@ -76,14 +81,23 @@ class BatchBudget:
     def __init__(self, config: BudgetConfig = BudgetConfig()):
         self.config = config
         self.costs = CostTable(config.decay)
+        self.costs.means.update(dict(config.costs))
         self.last_budget = NO_CAP  # R chosen at the last step (NO_CAP: drafts were not cut)
         self.steps_since_probe = 0
         self.probe_interval = config.min_probe_interval
         self.probe_expected: float | None = None  # during a probe step: the expected rate of the choice
+        self.num_choices = 0
 
     def cap(self) -> int:
-        """Most nodes the next step will verify per sequence (0 = do not draft, NO_CAP = no limit)."""
-        if not self.config.enabled or self.last_budget == NO_CAP:
+        """Most nodes the next step will verify per sequence (0 = do not draft, NO_CAP = no limit).
+        Told to drafters before they draft, so it may depend on the past only."""
+        if not self.config.enabled:
+            return NO_CAP
+        if self.num_choices == 0:  # a short first draft measures a speculative step
+            if self.config.first_budget is not None:
+                return self.config.first_budget
+            return NO_CAP if self.costs.means else self.config.probe_tokens
+        if self.last_budget == NO_CAP:
             return NO_CAP
         if self.steps_since_probe + 1 >= self.probe_interval:
             return self.last_budget + self.config.probe_tokens  # drafts for a probe
@@ -97,6 +111,7 @@ class BatchBudget:
         self.probe_expected = None
         if not self.config.enabled or max_nodes == 0:
             return NO_CAP
+        self.num_choices += 1
         best_r, best_rate = 0, None
         for r in range(max_nodes + 1):
             cost = self.costs.estimate(batch * (r + 1))
@@ -116,6 +131,8 @@ class BatchBudget:
 
     def record(self, num_rows: int, seconds: float, num_tokens: int, batch: int) -> None:
         """The forward's padded rows, wall seconds and tokens emitted over the batch."""
+        if not self.config.learn_costs:
+            return
         self.costs.record(num_rows, seconds)
         self.steps_since_probe += 1
         if self.probe_expected is not None:  # did the probe beat what the choice was expected to do?

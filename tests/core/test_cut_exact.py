@@ -18,6 +18,7 @@ from specdec.core.types import SamplingParams
 from specdec.core.verify import verify_sampling
 from specdec.drafters.draft_model import DraftModelConfig, DraftModelSession
 from specdec.policy import PolicyConfig, SpeculationPolicy
+from specdec.policy.budget import BudgetConfig
 from specdec.policy.depth import Acceptance
 
 
@@ -30,6 +31,8 @@ def tables(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 CONTEXT = [1, 2, 0]
+# a budget of 3 nodes from the start; by these costs 3 nodes pay and a 4th costs 100x
+FORCED = BudgetConfig(costs=((1, 1.0), (4, 1.0), (5, 100.0)), learn_costs=False, first_budget=3)
 PARAMS = SamplingParams(temperature=1.0)
 
 
@@ -100,11 +103,9 @@ class BigramRunner:
 
 def first_token_distribution(q: torch.Tensor, p: torch.Tensor, width: int, cut_by_shape: bool) -> torch.Tensor:
     def run(path: Path) -> int:
-        policy = SpeculationPolicy(PolicyConfig(max_depth=3, adaptive=False))
+        policy = SpeculationPolicy(PolicyConfig(max_depth=3, adaptive=False, budget=FORCED))
         policy.add("s")
         policy.seqs["s"].acceptance = Acceptance(7.0, 3.0)  # alpha 0.7
-        policy.batch.costs.means.update({1: 1.0, 4: 1.0, 5: 100.0})  # 3 nodes pay, a 4th costs 100x
-        policy.batch.last_budget = 2  # so the next step's budget is 3 nodes
         budget = policy.plan("s", limit=3)
         assert (budget.depth, budget.max_nodes) == (3, 3)
         session = DraftModelSession(BigramRunner(q), DraftModelConfig(tree_width=width))

@@ -1,0 +1,69 @@
+"""Sampled output keeps the target's distribution when the speculation policy cuts trees.
+
+The policy is forced deterministically (costs given, not measured): the first step's budget is 5
+nodes and by the costs 3 nodes pay, so drafters are told 5 nodes (a width-2 tree of depth 3 would
+have 10), deterministic trees (EAGLE) are then cut to 3 by likelihood, and sampled trees keep the
+prefix planned before drafting. First two emitted tokens vs the exact joint p(x1) p(x2 | x1), G-test
+as in tests/core/test_verify_lossless.py (which shows broken samplers failing it); the exact
+enumeration in tests/core/test_cut_exact.py covers what random tiny models may hide.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from test_engine_sampling import PROMPT, exact_joint
+from core.test_verify_lossless import g_test_kl
+from specdec import Engine, SamplingParams
+from specdec.batch import generate_batch
+from specdec.policy import PolicyConfig
+from specdec.policy.budget import BudgetConfig
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+NUM_DRAWS = 1000
+FORCED = PolicyConfig(max_depth=3, adaptive=False, load_aware=True, budget=BudgetConfig(
+    costs=((1, 1.0), (4, 1.0), (5, 100.0)), learn_costs=False, first_budget=5, min_probe_interval=1 << 20))
+PARAMS = SamplingParams(temperature=1.0, top_k=12, max_new_tokens=4, ignore_eos=True)
+
+
+def forced(engine: Engine) -> Engine:
+    engine.config = dataclasses.replace(engine.config, policy=FORCED)
+    return engine
+
+
+def check(engine: Engine, outputs: list[list[int]], drafted: int, accepted: int) -> None:
+    counts: dict = {}
+    for token_ids in outputs:
+        counts[tuple(token_ids[:2])] = counts.get(tuple(token_ids[:2]), 0) + 1
+    assert 0 < accepted < drafted  # drafts were accepted, and rejected, along the way
+    kl, tolerance = g_test_kl(counts, exact_joint(engine, PARAMS), len(outputs))
+    assert kl <= tolerance, f"KL {kl:.5f} > tolerance {tolerance:.5f}"
+
+
+@pytest.mark.parametrize("width", [2, 3])
+def test_draft_model_trees_cut_to_the_budget(tiny_target, tiny_noisy_draft, width):
+    engine = forced(Engine.from_pretrained(target=tiny_target, drafter="draft", draft=tiny_noisy_draft,
+                                           num_speculative_tokens=3, tree_width=width))
+    outs = [engine.generate(PROMPT, dataclasses.replace(PARAMS, seed=seed)) for seed in range(NUM_DRAWS)]
+    assert max(o.stats.num_draft_tokens for o in outs) <= 5 + 4 * 3  # 5 nodes, then the chosen 3 + 1
+    check(engine, [o.token_ids for o in outs], sum(o.stats.num_draft_tokens for o in outs),
+          sum(o.stats.num_accepted_tokens for o in outs))
+
+
+def test_eagle_dynamic_tree_cut_by_likelihood(tiny_target, tiny_eagle_dir):
+    engine = forced(Engine.from_pretrained(target=tiny_target, drafter="eagle", draft=str(tiny_eagle_dir),
+                                           num_speculative_tokens=3, top_k=3, depth=3, num_nodes=12))
+    outs = [engine.generate(PROMPT, dataclasses.replace(PARAMS, seed=seed)) for seed in range(NUM_DRAWS)]
+    assert max(o.stats.num_draft_tokens for o in outs) <= 3 * 4  # cut to 3 nodes a step, 4 steps at most
+    check(engine, [o.token_ids for o in outs], sum(o.stats.num_draft_tokens for o in outs),
+          sum(o.stats.num_accepted_tokens for o in outs))
+
+
+def test_batched_draft_trees_cut_to_the_budget(tiny_target, tiny_noisy_draft):
+    engine = forced(Engine.from_pretrained(target=tiny_target, drafter="draft", draft=tiny_noisy_draft,
+                                           num_speculative_tokens=3, tree_width=2))
+    steps: list = []
+    outputs = generate_batch(engine, [PROMPT] * NUM_DRAWS, PARAMS, max_batch=6, steps=steps)  # unseeded draws
+    assert max(s.num_drafted for s in steps) == 5  # the first step's budget; a full tree would have 10 nodes
+    check(engine, outputs, sum(s.num_drafted for s in steps), sum(s.num_accepted for s in steps))
