@@ -45,7 +45,7 @@ class TargetConfig:
     num_speculative_tokens: int = 8
     adaptive: bool = True
     # Trim every batch's drafts to the depth that measured costs and acceptance say pays at this batch
-    # size (specdec.load_aware), and tell drafters how much to draft: speculation never slows a loaded server.
+    # size (specdec.policy), and tell drafters how much to draft: speculation never slows a loaded server.
     load_aware: bool = True
 
     def __post_init__(self) -> None:

@@ -41,9 +41,10 @@ class StepFailure:
 
 
 def verify_step(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree],
-                pool: BatchCache) -> list[StepResult | StepFailure]:
+                pool: BatchCache, fault=None) -> list[StepResult | StepFailure]:
     """Verify trees[i] for seqs[i] (all unfinished) in one forward and commit. Raises (with every
-    cache and generator rolled back) or returns one result per sequence."""
+    cache and generator rolled back) or returns one result per sequence. fault(seqs): a test hook
+    called after the forward and the verdicts, just before the commit (the last point rolled back)."""
     start = time.perf_counter()
     layouts = [tree_layout(t.parent_ids) for t in trees]
     cache, cache_lens = pool.take(seqs)
@@ -57,6 +58,8 @@ def verify_step(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree
         logits = runner.logits(flat).split(num_rows)  # B x [rows_i, vocab]
         verdicts = [seq.verify(tree, layout, logits[i])
                     for i, (seq, tree, layout) in enumerate(zip(seqs, trees, layouts))]
+        if fault is not None:
+            fault(seqs)
         pool.commit([[0, *v.accepted_rows] for v in verdicts])  # root + accepted path, per row
     except BaseException:
         pool.rollback()
@@ -81,11 +84,9 @@ def verify_step(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree
 def verify_each(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree], pool: BatchCache,
                 fault=None) -> list[StepResult | StepFailure]:
     """The batch in one forward; if that fails (rolled back), each sequence alone, so a sequence that
-    fails alone fails alone and the others decode on. fault(seqs): a test hook that may raise."""
+    fails alone fails alone and the others decode on. fault: verify_step's test hook."""
     try:
-        if fault is not None:
-            fault(seqs)
-        return list(verify_step(runner, seqs, trees, pool))
+        return list(verify_step(runner, seqs, trees, pool, fault))
     except Exception as exc:  # noqa: BLE001 - judged per sequence below
         if len(seqs) == 1:
             log.exception("verify step failed")

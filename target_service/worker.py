@@ -68,7 +68,8 @@ class SeqState:
 
 class TargetWorker:
     """fault(point, seq_ids): a test hook called at "loop" (each decode-loop turn) and "verify" (each
-    verify attempt, with its sequences); whatever it raises is handled as a real fault there."""
+    verify attempt, with its sequences, after the forward and just before the commit); whatever it
+    raises is handled as a real fault there."""
 
     def __init__(self, engine: Engine, config: TargetConfig, mirror: Mirror | None = None, fault=None):
         self.engine = engine

@@ -58,3 +58,29 @@ def test_kept_batch_cache_equals_stacking_afresh(tiny_target):
         assert x.context == y.context and x.version == y.version and x.cache_lender is None
         for lx, ly in zip(x.cache.layers, y.cache.layers):
             assert torch.equal(lx.keys, ly.keys) and torch.equal(lx.values, ly.values)
+
+
+def test_a_failed_step_leaves_no_trace(tiny_target):
+    """A step that fails after its forward and its (sampled) verdicts, just before the commit, leaves
+    caches and generators as it found them: stepping again gives exactly the undisturbed run."""
+    from specdec.batch_cache import BatchCache
+    from specdec.core.tree import DraftTree
+    from specdec.sequence import Sequence
+    from specdec.step import verify_step
+
+    engine = Engine.from_pretrained(target=tiny_target)
+    params = SamplingParams(temperature=1.0, seed=7, max_new_tokens=20, ignore_eos=True)
+
+    def run(fail_at: set[int]) -> list[int]:
+        seq, pool = Sequence(engine.runner, PROMPTS[0], params), BatchCache(engine.runner)
+        for n in range(6):
+            tree = DraftTree.chain([5, 6, 7])
+            if n in fail_at:
+                def fault(_):
+                    raise RuntimeError("injected")
+                with pytest.raises(RuntimeError):
+                    verify_step(engine.runner, [seq], [tree], pool, fault)
+            verify_step(engine.runner, [seq], [tree], pool)
+        return list(seq.generated_ids)
+
+    assert run({1, 3}) == run(set())

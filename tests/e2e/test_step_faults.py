@@ -1,0 +1,141 @@
+"""A decode loop that cannot die silently: faults injected into the target worker's steps through its
+test hook (`TargetWorker(fault=...)`), with real gRPC streams on 127.0.0.1.
+
+- A verify step that fails for one sequence (after the forward and the verdicts, just before the
+  commit) fails that sequence alone, with INTERNAL naming the cause; the sequence batched with it
+  decodes on, its output identical to an undisturbed run: the failed batch's caches are rolled back
+  before each sequence retries alone, so nothing is stepped twice.
+- A decode loop that cannot go on turns health NOT_SERVING, ends every stream with UNAVAILABLE at
+  once, refuses new sequences, and a router in front of it answers UNAVAILABLE instead of waiting.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from e2e.harness import running
+from specdec.client import Client
+from specdec.core.types import SamplingParams
+from specdec.engine import Engine
+from specdec.errors import Unavailable
+from specdec.rpc.convert import params_to_pb
+from specdec.rpc.server import start_server
+from specdec.rpc.v1 import target_pb2, target_pb2_grpc
+from specdec.serving_config import RouterConfig, TargetConfig
+from target_service.server import TargetServicer
+from target_service.worker import TargetWorker
+
+pytestmark = pytest.mark.e2e
+PARAMS = SamplingParams(max_new_tokens=24, ignore_eos=True)
+PROMPTS = {"good": [11, 12, 13, 14], "bad": [21, 22, 23]}
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+class Faults:
+    """The hook: raise at `point` once `after` calls have passed, for steps holding `victim` (any if None)."""
+
+    def __init__(self, point: str, after: int, victim: str | None = None):
+        self.point, self.after, self.victim, self.calls = point, after, victim, 0
+        self.seen: list[list[str]] = []
+
+    def __call__(self, point: str, seq_ids: list[str]) -> None:
+        if point != self.point:
+            return
+        self.seen.append(list(seq_ids))
+        self.calls += 1
+        if self.calls > self.after and (self.victim is None or self.victim in seq_ids):
+            raise InjectedFault(f"injected fault at {point}")
+
+
+@pytest.fixture
+def target(tiny_models):
+    """start(fault) -> (worker, address): a target worker with the hook, behind a real gRPC server."""
+    started = []
+
+    def start(fault):
+        engine = Engine.from_pretrained(str(tiny_models["target"]), dtype="float32")
+        worker = TargetWorker(engine, TargetConfig(batch_wait_s=0.5, max_batch=4), fault=fault)
+        server = start_server(lambda s: target_pb2_grpc.add_TargetWorkerServicer_to_server(TargetServicer(worker), s),
+                              ["specdec.v1.TargetWorker"])
+        worker.on_broken = lambda: server.set_serving(False)
+        started.append((worker, server))
+        return worker, server.address
+
+    yield start
+    for worker, server in started:
+        server.stop()
+        worker.stop()
+
+
+def admit(stub, seq_id: str):
+    call = stub.Admit(target_pb2.AdmitRequest(sequence_id=seq_id, prompt_ids=PROMPTS[seq_id],
+                                              params=params_to_pb(PARAMS)), timeout=60)
+    next(call)  # prefilled
+    return call
+
+
+def collect(call, into: dict, key: str) -> None:
+    tokens = []
+    try:
+        for commit in call:
+            tokens += commit.token_ids
+        into[key] = tokens
+    except grpc.RpcError as exc:
+        into[key] = (exc.code(), exc.details(), time.monotonic())
+
+
+def test_a_failing_step_fails_only_its_sequence(target, reference):
+    faults = Faults("verify", after=6, victim="bad")
+    worker, address = target(faults)
+    results: dict = {}
+    with grpc.insecure_channel(address) as channel:
+        stub = target_pb2_grpc.TargetWorkerStub(channel)
+        calls = {key: admit(stub, key) for key in PROMPTS}
+        threads = [threading.Thread(target=collect, args=(calls[k], results, k)) for k in PROMPTS]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    code, details, _ = results["bad"]
+    assert code == grpc.StatusCode.INTERNAL and "injected fault at verify" in details and "bad" in details
+    assert results["good"] == reference("none", PROMPTS["good"], PARAMS).token_ids  # decoded on, not stepped twice
+    assert ["bad", "good"] in [sorted(s) for s in faults.seen]  # the failing step was a batch of both
+    assert ["good"] in faults.seen and ["bad"] in faults.seen  # ... retried one by one after the rollback
+    assert worker.broken is None and worker.info()[0] == []
+
+
+def test_a_dead_loop_says_so_and_ends_every_stream(target, tiny_models):
+    faults = Faults("loop", after=3)
+    worker, address = target(faults)
+    results: dict = {}
+    with grpc.insecure_channel(address) as channel:
+        stub = target_pb2_grpc.TargetWorkerStub(channel)
+        calls = {key: admit(stub, key) for key in PROMPTS}
+        threads = [threading.Thread(target=collect, args=(calls[k], results, k)) for k in PROMPTS]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        broke_at = time.monotonic()
+        for key in PROMPTS:  # every stream ended with UNAVAILABLE, at once (not at its deadline)
+            code, details, ended = results[key]
+            assert code == grpc.StatusCode.UNAVAILABLE and "decode loop stopped" in details
+            assert ended <= broke_at
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        assert health.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        with pytest.raises(grpc.RpcError) as refused:
+            admit(stub, "good")
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    with running("router", RouterConfig(targets=(address,), tokenizer=str(tiny_models["target"]))) as router, \
+            Client(router.address) as client:
+        start = time.monotonic()
+        with pytest.raises(Unavailable):
+            client.generate(PROMPTS["good"], PARAMS, timeout_s=30)
+        assert time.monotonic() - start < 5.0  # refused, not left waiting for a dead target
