@@ -27,27 +27,11 @@ from typing import Callable
 
 from router.fair_queue import FairQueue, Ticket
 from specdec.errors import Cancelled, DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
+from specdec.kv_ledger import KvLedger
 
 POLL_S = 0.25  # how often a waiting request checks its deadline, its call and target health
 MAX_PASSED_OVER = 8
 WAIT_WINDOW = 512  # queue waits of the most recent admissions, for the p50 / p99 figures
-
-
-@dataclass
-class TargetRoom:
-    """One target's KV cache as this router sees it: reported limits, own reservations."""
-
-    capacity_tokens: int = 0  # 0 = unknown (an older target): the target itself refuses what does not fit
-    max_sequences: int = 0  # 0 = unknown
-    reserved_tokens: int = 0
-    num_sequences: int = 0
-
-    def free_tokens(self) -> float:
-        return float("inf") if not self.capacity_tokens else self.capacity_tokens - self.reserved_tokens
-
-    def fits(self, tokens: int) -> bool:
-        return (self.free_tokens() >= tokens
-                and (not self.max_sequences or self.num_sequences < self.max_sequences))
 
 
 @dataclass(frozen=True)
@@ -72,7 +56,7 @@ class Admission:
         self.max_active_per_user, self.max_queued_per_user = max_active_per_user, max_queued_per_user
         self.is_healthy, self.clock = is_healthy, clock
         self.cond = threading.Condition()
-        self.rooms = [TargetRoom() for _ in range(num_targets)]
+        self.rooms = [KvLedger() for _ in range(num_targets)]  # per target, this router's reservations
         self.queue = FairQueue()
         self.active_by_user: dict[str, int] = {}
         self.num_active = self.num_admitted = self.num_rejected = self.num_abandoned = 0
@@ -203,9 +187,7 @@ class Admission:
 
     def _grant(self, ticket: Ticket, index: int) -> None:
         ticket.target = index
-        room = self.rooms[index]
-        room.reserved_tokens += ticket.tokens
-        room.num_sequences += 1
+        self.rooms[index].reserve(ticket.tokens)
         self.num_active += 1
         self.active_by_user[ticket.user] = self.active_by_user.get(ticket.user, 0) + 1
         self.num_admitted += 1
@@ -215,9 +197,7 @@ class Admission:
         if ticket.target is None or ticket.released:
             return
         ticket.released = True
-        room = self.rooms[ticket.target]
-        room.reserved_tokens -= ticket.tokens
-        room.num_sequences -= 1
+        self.rooms[ticket.target].give_back(ticket.tokens)
         self.num_active -= 1
         left = self.active_by_user[ticket.user] - 1
         if left:

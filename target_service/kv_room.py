@@ -1,10 +1,6 @@
-"""The target's KV cache budget: admission reserves a sequence's whole length up front.
-
-A sequence admitted with room only for its prompt would fail halfway through its generation when
-the cache fills, after the client has seen part of its answer. So each sequence reserves
-prompt + max_new_tokens tokens at admission and keeps them until it ends; an admission that does not
-fit now is refused with RESOURCE_EXHAUSTED (the router queues it and tries again when room frees),
-one that could not fit even in an empty cache with INVALID_ARGUMENT (retrying cannot help).
+"""The target's KV cache budget (the rules are specdec.kv_ledger's): an admission that does not fit
+now is refused with RESOURCE_EXHAUSTED (the router queues it and tries again when room frees), one
+that could not fit even in an empty cache with INVALID_ARGUMENT (retrying cannot help).
 
 The reservations live on the held sequences themselves (`SeqState.kv_tokens`), so whatever path
 drops a sequence (finish, release, cancellation, a failed step) gives its tokens back with it.
@@ -15,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from specdec.errors import InvalidArgument, ResourceExhausted
+from specdec.errors import ResourceExhausted
+from specdec.kv_ledger import KvLedger, tokens_needed
 
 
 @dataclass(frozen=True)
@@ -35,25 +32,15 @@ class KvRoom:
 
     def check_possible(self, prompt_len: int, max_new_tokens: int) -> int:
         """The tokens to reserve; INVALID_ARGUMENT if even an empty cache could not hold them."""
-        need = prompt_len + max_new_tokens
-        if need > self.capacity_tokens:
-            raise InvalidArgument(f"prompt ({prompt_len} tokens) plus max_new_tokens ({max_new_tokens}) needs {need} "
-                                  f"tokens of KV cache, more than this target's whole cache of "
-                                  f"{self.capacity_tokens} tokens (--max-kv-tokens)")
-        return need
+        return tokens_needed(prompt_len, max_new_tokens, self.capacity_tokens,
+                             "this target's whole cache", " (--max-kv-tokens)")
 
     def check_room(self, seqs: Mapping[str, object], need: int) -> None:
         """RESOURCE_EXHAUSTED unless one more sequence of `need` tokens fits beside `seqs` now."""
-        reserved = self.reserved(seqs)
-        if len(seqs) >= self.max_sequences:
-            reason = f"target holds {len(seqs)} sequences, its limit"
-        elif reserved + need > self.capacity_tokens:
-            reason = (f"target KV cache full: the sequence needs {need} tokens (prompt plus max_new_tokens), "
-                      f"{self.capacity_tokens - reserved} of {self.capacity_tokens} are free")
-        else:
-            return
-        self.num_refused += 1
-        raise ResourceExhausted(reason)
+        reason = KvLedger(self.capacity_tokens, self.max_sequences, self.reserved(seqs), len(seqs)).refusal(need)
+        if reason is not None:
+            self.num_refused += 1
+            raise ResourceExhausted(reason)
 
     @staticmethod
     def reserved(seqs: Mapping[str, object]) -> int:
