@@ -123,14 +123,14 @@ def _add_prompt(request: generation_pb2.GenerateRequest, prompt) -> None:
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         request.text = prompt
+    elif prompt == []:
+        raise bad_request("prompt is empty", "prompt")
     elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         request.token_ids.ids.extend(prompt)
     elif isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
         raise bad_request(f"a batch of {len(prompt)} prompts is not supported: send one prompt per request", "prompt")
     else:
         raise bad_request("'prompt' must be a string or a list of token ids", "prompt")
-    if request.WhichOneof("prompt") is None:  # an empty list
-        raise bad_request("prompt is empty", "prompt")
 
 
 def _add_messages(request: generation_pb2.GenerateRequest, messages) -> None:
