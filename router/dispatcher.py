@@ -65,11 +65,14 @@ class Dispatcher:
     def generate(self, request: generation_pb2.GenerateRequest, call: Call,
                  fill_context: bool = False) -> Iterator[generation_pb2.GenerateResponse]:
         """Stream one generation. `fill_context`: an unset max_new_tokens means the rest of the context
-        (what OpenAI's chat API promises) instead of SamplingParams' default."""
+        (what OpenAI's chat API promises; at most what a target's KV cache can hold) instead of
+        SamplingParams' default."""
         prompt_ids = self.encoder.encode(prompt_from_pb(request), request.chat)
         max_len = self.target_info.max_context_len
-        if fill_context and max_len and not request.params.HasField("max_new_tokens"):
-            request.params.max_new_tokens = max(max_len - len(prompt_ids), 1)
+        if fill_context and not request.params.HasField("max_new_tokens"):
+            room = [n for n in (max_len, self.admission.largest_request_tokens()) if n]
+            if room:  # the rest of the context, or of the largest KV cache if that is smaller
+                request.params.max_new_tokens = max(min(room) - len(prompt_ids), 1)
         params = params_from_pb(request.params)
         if max_len and len(prompt_ids) + params.max_new_tokens > max_len:
             raise InvalidArgument(f"prompt ({len(prompt_ids)} tokens) plus max_new_tokens ({params.max_new_tokens}) "

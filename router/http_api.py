@@ -64,7 +64,7 @@ def api_error(exc: BaseException, chat: bool) -> ApiError:
     status, type_ = STATUS_OF_CODE.get(code, (500, "server_error"))
     if status == 500:
         log.error("generation failed: %s", message)
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED and message == "Deadline Exceeded":  # grpc's own words
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED and isinstance(exc, grpc.RpcError):  # a worker call's own words
         message = "the deadline (header X-Timeout-S) passed before the generation finished"
     param = next((p for prefix, p in PARAM_OF_MESSAGE.items() if message.startswith(prefix)), None)
     if param == "prompt" and chat:

@@ -7,6 +7,7 @@ import json
 import httpx
 import pytest
 
+from e2e.harness import wait_released
 from specdec.core.types import SamplingParams
 
 pytestmark = pytest.mark.e2e
@@ -14,8 +15,8 @@ CHAT = [{"role": "user", "content": "Say hi"}]
 
 
 @pytest.fixture(scope="module")
-def http(draft_stack):
-    with httpx.Client(base_url=f"http://{draft_stack.http_address}", timeout=120) as c:
+def http(http_stack):
+    with httpx.Client(base_url=f"http://{http_stack.http_address}", timeout=120) as c:
         yield c
 
 
@@ -49,7 +50,7 @@ def test_chat_stream_framing_byte_for_byte(http, reference):
     assert first["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                  "finish_reason": None}]
     assert all(set(c) == {"id", "object", "created", "model", "choices", "usage"} for c in [first, *body])
-    assert "".join(c["choices"][0]["delta"]["content"] for c in body) == expected.text
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in body) == expected.text
     assert [t for c in body for t in c["choices"][0]["token_ids"]] == expected.token_ids
     assert finish["choices"][0]["delta"] == {} and finish["choices"][0]["finish_reason"] == "length"
     assert finish["prompt_token_ids"] == expected.prompt_token_ids
@@ -66,9 +67,9 @@ def test_completion_stream_without_usage(http, reference):
     assert finish["choices"][0]["finish_reason"] == "length" and finish["speculative"]["num_new_tokens"] == 12
 
 
-def test_error_after_the_stream_started_is_an_event(http):
+def test_error_after_the_stream_started_is_an_event(http, http_stack):
     """The deadline passes mid-stream: the status was already 200, so the error comes as an event, then [DONE]."""
-    with http.stream("POST", "/v1/completions", headers={"X-Timeout-S": "2"},
+    with http.stream("POST", "/v1/completions", headers={"X-Timeout-S": "3"},
                      json={"prompt": [1, 2, 3], "max_tokens": 900, "stream": True, "ignore_eos": True}) as response:
         assert response.status_code == 200
         raw = b"".join(response.iter_raw())
@@ -76,9 +77,10 @@ def test_error_after_the_stream_started_is_an_event(http):
     assert chunks and all("choices" in c for c in chunks)
     assert error == {"error": {"message": error["error"]["message"], "type": "timeout_error", "param": None,
                                "code": "deadline_exceeded"}}
+    wait_released(http_stack.address)
 
 
-def test_json_endpoints_and_refusals(http, draft_stack):
+def test_json_endpoints_and_refusals(http, http_stack):
     assert http.get("/health").json() == {"status": "ok"}
     models = http.get("/v1/models")
     assert models.headers["content-type"] == "application/json" and models.json()["object"] == "list"

@@ -129,6 +129,16 @@ def test_chat_stream_chunks_then_usage():
                                                                  "total_tokens": 7}
 
 
+def test_a_step_without_text_is_sent_only_for_its_token_ids():
+    """A commit may end inside a character or a possible stop string: no text yet, but tokens."""
+    held_back = generation_pb2.GenerateResponse(text="", token_ids=[99])
+    for return_token_ids, expected in ((False, []), (True, [{"index": 0, "delta": {}, "logprobs": None,
+                                                              "finish_reason": None, "token_ids": [99]}])):
+        parsed = parse_request({"messages": [{"role": "user", "content": "x"}], "stream": True,
+                                "return_token_ids": return_token_ids}, chat=True, model_id=MODEL)
+        assert [c["choices"] for c in ResponseBuilder(parsed).chunks(held_back)] == ([expected] if expected else [])
+
+
 def test_completion_object_and_sse_framing():
     parsed = parse_request({"prompt": "x"}, chat=False, model_id=MODEL)
     body = ResponseBuilder(parsed).complete(_responses())
