@@ -37,7 +37,7 @@ from router.api_keys import ApiKeys
 from router.dispatcher import Dispatcher
 from router.http_call import HttpCall, cancel_on_disconnect, generations
 from router.openai_schema import SSE_DONE, ApiError, ResponseBuilder, bad_request, parse_request, sse
-from specdec.errors import Unavailable
+from specdec.errors import Unauthenticated, Unavailable
 from specdec.rpc.status import status_of
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ class OpenAIApp:
     async def models(self, request: Request):
         try:
             self.keys.check(request.headers.get("authorization"))
-        except Exception as exc:  # noqa: BLE001
+        except Unauthenticated as exc:
             return error_response(api_error(exc, False))
         return JSONResponse({"object": "list", "data": [{
             "id": self.model_id, "object": "model", "created": self.created, "owned_by": "specdec",

@@ -4,6 +4,9 @@ statistics, every error status, deadlines, and a disconnect that frees the seque
 (test_http_sse.py checks the same API with a raw HTTP client, byte for byte.)"""
 from __future__ import annotations
 
+import threading
+import time
+
 import httpx
 import openai
 import pytest
@@ -154,11 +157,19 @@ def test_unknown_model_is_404(client):
     assert err.value.code == "model_not_found" and err.value.param == "model"
 
 
-def test_keys_and_full_queue(http_stack, model_id, tmp_path):
-    """A second router on the same workers, with an API key, one slot and no queue: 401 and 429."""
+def wait_for(predicate, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.1)
+
+
+def test_keys_queue_and_full_queue(http_stack, model_id, tmp_path):
+    """A second router on the same workers, with an API key, one slot and a queue of one: 401; a queued
+    client that goes away leaves the queue; a request beyond the queue gets 429; the queued one then runs."""
     (tmp_path / "keys").write_text("sk-test\n")
     config = RouterConfig(targets=(http_stack.targets[0].address,), drafts=(http_stack.drafts[0].address,),
-                          max_active=1, max_queue=0, api_keys_file=str(tmp_path / "keys"))
+                          max_active=1, max_queue=1, api_keys_file=str(tmp_path / "keys"))
     with running("router", config) as router:
         assert httpx.get(f"http://{router.http_address}/health", timeout=10).status_code == 200  # open for probes
         anonymous = httpx.post(f"http://{router.http_address}/v1/completions", json={"prompt": "x"}, timeout=10)
@@ -169,17 +180,29 @@ def test_keys_and_full_queue(http_stack, model_id, tmp_path):
         assert err.value.status_code == 401 and err.value.body["message"] == "invalid API key"
         with Client(router.address, api_key="") as anonymous, pytest.raises(Unauthenticated):
             anonymous.server_info()
-        with make_client(router.http_address, api_key="sk-test") as keyed:
+        with make_client(router.http_address, api_key="sk-test") as keyed, \
+                Client(router.address, api_key="sk-test") as keyed_grpc:
             stream = keyed.completions.create(model=model_id, prompt=[9, 9, 9], max_tokens=900, stream=True,
                                               extra_body={"ignore_eos": True})
             next(iter(stream))
+            with make_client(router.http_address, api_key="sk-test", timeout=1.0) as impatient, \
+                    pytest.raises(openai.APITimeoutError):
+                impatient.completions.create(model=model_id, prompt=[8, 8], max_tokens=4)  # waits, then leaves
+            wait_for(lambda: keyed_grpc.server_info().num_abandoned == 1)
+            queued: list = []
+            waiter = threading.Thread(target=lambda: queued.append(
+                keyed.completions.create(model=model_id, prompt=[7, 7], max_tokens=4, extra_body={"ignore_eos": True})))
+            waiter.start()
+            wait_for(lambda: keyed_grpc.server_info().num_queued == 1)
             with pytest.raises(openai.RateLimitError) as err:
                 keyed.chat.completions.create(model=model_id, messages=CHAT, max_tokens=4)
             assert err.value.status_code == 429 and "server busy" in err.value.message
             assert err.value.response.headers["retry-after"] == "1"
-            stream.close()
-        with Client(router.address, api_key="sk-test") as keyed_grpc:
-            assert keyed_grpc.server_info().max_active == 1
+            stream.close()  # frees the slot: the queued request runs
+            waiter.join(60)
+            assert queued[0].usage.completion_tokens == 4
+            info = keyed_grpc.server_info()
+            assert (info.num_admitted, info.num_rejected, info.num_abandoned) == (2, 1, 1)
 
 
 def test_no_healthy_target_is_503(tiny_models):
