@@ -23,9 +23,11 @@ model: setup
 	$(PY) -m specdec.models.embedded
 
 # The local stack (router + draft worker + target worker, separate processes on 127.0.0.1) with one
-# sample request streamed through it; Ctrl-C stops every process.
+# sample request streamed through it; the router's OpenAI-compatible HTTP API listens on
+# http://127.0.0.1:$(HTTP_PORT)/v1 (`make run HTTP_PORT=...` for another port). Ctrl-C stops every process.
+HTTP_PORT ?= 8000
 run: model
-	$(PY) -m specdec.cli serve --demo
+	$(PY) -m specdec.cli serve --demo --http-port $(HTTP_PORT)
 
 # Regenerates the gRPC stubs under specdec/rpc/v1 from proto/specdec/v1 (a test fails when they are stale).
 proto: setup

@@ -109,6 +109,11 @@ class Admission:
         with self.cond:
             return self.num_active, len(self.queue)
 
+    def largest_request_tokens(self) -> int:
+        """The most KV tokens one request can ever be granted (0 = unknown: some target does not say)."""
+        with self.cond:
+            return max(r.capacity_tokens for r in self.rooms) if all(r.capacity_tokens for r in self.rooms) else 0
+
     def figures(self) -> AdmissionFigures:
         with self.cond:
             queued = self.queue.queued_by_user()

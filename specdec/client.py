@@ -7,10 +7,12 @@
         out = client.generate([1, 2, 3])          # GenerationOutput, as Engine.generate returns
 
 Errors come back as the specdec error of their status (InvalidArgument, ResourceExhausted,
-DeadlineExceeded, ...). No torch is imported.
+DeadlineExceeded, ...). A router that requires API keys gets `api_key=` (default: env SPECDEC_API_KEY)
+as `authorization: Bearer KEY` metadata. No torch is imported.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import AsyncIterator, Iterator
 
@@ -21,6 +23,9 @@ from specdec.rpc.convert import params_to_pb, prompt_to_pb, stats_from_pb
 from specdec.rpc.server import channel_options
 from specdec.rpc.status import to_exception
 from specdec.rpc.v1 import generation_pb2, generation_pb2_grpc
+
+
+API_KEY_ENV = "SPECDEC_API_KEY"
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,11 @@ def _request(prompt, params: SamplingParams | None, chat: bool, user: str) -> ge
     return request
 
 
+def _metadata(api_key: str | None) -> tuple:
+    key = os.environ.get(API_KEY_ENV) if api_key is None else api_key
+    return (("authorization", f"Bearer {key}"),) if key else ()
+
+
 def _chunk(response: generation_pb2.GenerateResponse, token_ids: list[int]) -> StreamChunk:
     ids = list(response.token_ids)
     token_ids.extend(ids)
@@ -50,16 +60,17 @@ def _chunk(response: generation_pb2.GenerateResponse, token_ids: list[int]) -> S
 
 
 class Client:
-    def __init__(self, address: str):
+    def __init__(self, address: str, api_key: str | None = None):
         self.channel = grpc.insecure_channel(address, options=channel_options())
         self.stub = generation_pb2_grpc.GenerationStub(self.channel)
+        self.metadata = _metadata(api_key)
 
     def stream(self, prompt, params: SamplingParams | None = None, chat: bool = False,
                timeout_s: float | None = None, user: str = "") -> Iterator[StreamChunk]:
         """Yields chunks as the router streams them; closing the iterator cancels the request.
 
         `user` names who asks, for the router's fair queueing ("" = this connection)."""
-        call = self.stub.Generate(_request(prompt, params, chat, user), timeout=timeout_s)
+        call = self.stub.Generate(_request(prompt, params, chat, user), timeout=timeout_s, metadata=self.metadata)
         token_ids: list[int] = []
         try:
             for response in call:
@@ -78,7 +89,8 @@ class Client:
 
     def server_info(self, timeout_s: float = 10.0) -> generation_pb2.ServerInfo:
         try:
-            return self.stub.GetServerInfo(generation_pb2.GetServerInfoRequest(), timeout=timeout_s)
+            return self.stub.GetServerInfo(generation_pb2.GetServerInfoRequest(), timeout=timeout_s,
+                                           metadata=self.metadata)
         except grpc.RpcError as exc:
             raise to_exception(exc) from None
 
@@ -98,13 +110,14 @@ class Client:
 class AsyncClient:
     """The same calls for asyncio (grpc.aio); create it inside a running event loop."""
 
-    def __init__(self, address: str):
+    def __init__(self, address: str, api_key: str | None = None):
         self.channel = grpc.aio.insecure_channel(address, options=channel_options())
         self.stub = generation_pb2_grpc.GenerationStub(self.channel)
+        self.metadata = _metadata(api_key)
 
     async def stream(self, prompt, params: SamplingParams | None = None, chat: bool = False,
                      timeout_s: float | None = None, user: str = "") -> AsyncIterator[StreamChunk]:
-        call = self.stub.Generate(_request(prompt, params, chat, user), timeout=timeout_s)
+        call = self.stub.Generate(_request(prompt, params, chat, user), timeout=timeout_s, metadata=self.metadata)
         token_ids: list[int] = []
         try:
             async for response in call:
@@ -123,7 +136,8 @@ class AsyncClient:
 
     async def server_info(self, timeout_s: float = 10.0) -> generation_pb2.ServerInfo:
         try:
-            return await self.stub.GetServerInfo(generation_pb2.GetServerInfoRequest(), timeout=timeout_s)
+            return await self.stub.GetServerInfo(generation_pb2.GetServerInfoRequest(), timeout=timeout_s,
+                                                 metadata=self.metadata)
         except grpc.RpcError as exc:
             raise to_exception(exc) from None
 

@@ -16,6 +16,10 @@ class ModelNotFound(SpecdecError, FileNotFoundError):
         return str(self.args[0]) if self.args else "model not found"
 
 
+class Unauthenticated(SpecdecError):
+    """The server needs an API key and the call had none or a wrong one (gRPC UNAUTHENTICATED)."""
+
+
 class ResourceExhausted(SpecdecError):
     """The server's queue is full (gRPC RESOURCE_EXHAUSTED): retry later."""
 

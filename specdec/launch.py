@@ -21,6 +21,7 @@ from specdec.errors import Unavailable
 from specdec.serving_config import RouterConfig, StackConfig, config_to_argv
 
 READY = re.compile(r"ready on (127\.0\.0\.1:\d+)")
+HTTP_READY = re.compile(r"http on (\S+:\d+)")  # the router's OpenAI-compatible HTTP API, on its ready line
 PR_SET_PDEATHSIG = 1
 
 
@@ -36,6 +37,7 @@ class ServerProcess:
     kind: str
     popen: subprocess.Popen
     address: str = ""
+    http_address: str = ""  # host:port of the router's HTTP API ("" = none)
     lines: list[str] = field(default_factory=list)  # everything it printed (stdout and stderr)
 
     def stop(self, timeout_s: float = 10.0) -> None:
@@ -85,6 +87,8 @@ def wait_ready(process: ServerProcess, timeout_s: float, echo=None) -> str:
         match = READY.search(line)
         if match:
             process.address = match.group(1)
+            http = HTTP_READY.search(line)
+            process.http_address = http.group(1) if http else ""
             return process.address
 
 
@@ -97,6 +101,10 @@ class Stack:
     @property
     def address(self) -> str:
         return self.router.address
+
+    @property
+    def http_address(self) -> str:
+        return self.router.http_address
 
     def stop(self) -> None:
         """SIGTERM to all at once (each drains for a moment), then wait for each; SIGKILL stragglers."""
@@ -122,7 +130,8 @@ def start_stack(config: StackConfig, env: dict | None = None, echo=None) -> Stac
         router_config = RouterConfig(port=r.port, targets=tuple(p.address for p in targets) + r.targets,
                                      drafts=tuple(p.address for p in drafts) + r.drafts, tokenizer=r.tokenizer,
                                      max_active=r.max_active, max_queue=r.max_queue,
-                                     worker_timeout_s=r.worker_timeout_s)
+                                     worker_timeout_s=r.worker_timeout_s,
+                                     http_port=r.http_port, api_keys_file=r.api_keys_file)
         router = spawn("router", router_config, env)
         started.append(router)
         wait_ready(router, config.ready_timeout_s, echo)

@@ -1,12 +1,14 @@
 """Load test against any router: per concurrency level, throughput and latency as users see them.
 
 Each level runs `num_requests` chat requests from `concurrency` client threads at once (closed loop:
-a thread sends its next request when the previous one finishes). Measured per request on the
+a thread sends its next request when the previous one finishes), over gRPC or over the router's
+OpenAI-compatible HTTP API (`specdec.loadtest_http`). Measured per request on the
 client: time to first token (first streamed chunk with tokens), time per output token after it
 ((end - first) / (tokens - 1)), and the router's speculative statistics from the final message.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -64,9 +66,24 @@ def _batch_counts(address: str) -> tuple[int, int] | None:
     return info.num_sequence_steps, info.num_verify_forwards
 
 
-def run_level(address: str, concurrency: int, num_requests: int, params: SamplingParams,
-              timeout_s: float = 600.0) -> LevelResult:
+def _grpc_stream(address: str, timeout_s: float):
+    """A user's requests over gRPC: stream(prompt, params) yields (tokens in the chunk, stats on the last)."""
     from specdec.client import Client
+
+    client = Client(address)
+
+    def stream(prompt: str, params: SamplingParams):
+        for chunk in client.stream(prompt, params, chat=True, timeout_s=timeout_s):
+            yield len(chunk.token_ids), chunk.output.stats if chunk.output is not None else None
+
+    return client, stream
+
+
+def run_level(address: str | None, concurrency: int, num_requests: int, params: SamplingParams,
+              timeout_s: float = 600.0, http_url: str | None = None) -> LevelResult:
+    """Requests go over gRPC to `address`, or with `http_url` over the OpenAI-compatible HTTP API (then
+    `address`, if given, is only asked for the server's batch figures)."""
+    from specdec.loadtest_http import http_stream
 
     lock = threading.Lock()
     next_index = [0]
@@ -74,7 +91,8 @@ def run_level(address: str, concurrency: int, num_requests: int, params: Samplin
     totals = {"tokens": 0, "drafted": 0, "accepted": 0, "forwards": 0}
 
     def user() -> None:
-        with Client(address) as client:
+        session, stream = http_stream(http_url, timeout_s) if http_url else _grpc_stream(address, timeout_s)
+        with contextlib.closing(session):
             while True:
                 with lock:
                     if next_index[0] >= num_requests:
@@ -82,29 +100,30 @@ def run_level(address: str, concurrency: int, num_requests: int, params: Samplin
                     index = next_index[0]
                     next_index[0] += 1
                 start = time.perf_counter()
-                first = None
+                first, n, stats = None, 0, None
                 try:
-                    for chunk in client.stream(PROMPTS[index % len(PROMPTS)], params, chat=True, timeout_s=timeout_s):
-                        if first is None and chunk.token_ids:
+                    for num_tokens, final_stats in stream(PROMPTS[index % len(PROMPTS)], params):
+                        if first is None and num_tokens:
                             first = time.perf_counter()
-                        if chunk.output is not None:
-                            out = chunk.output
+                        n += num_tokens
+                        stats = final_stats or stats
+                    if stats is None:
+                        raise RuntimeError("the stream ended without its statistics")
                 except Exception as exc:  # noqa: BLE001 - counted and reported, the test goes on
                     with lock:
                         errors.append(repr(exc))
                     continue
                 end = time.perf_counter()
-                n = len(out.token_ids)
                 with lock:
                     ttfts.append((first or end) - start)
                     if n > 1:
                         tpots.append((end - (first or end)) / (n - 1))
                     totals["tokens"] += n
-                    totals["drafted"] += out.stats.num_draft_tokens
-                    totals["accepted"] += out.stats.num_accepted_tokens
-                    totals["forwards"] += out.stats.num_target_forwards
+                    totals["drafted"] += stats.num_draft_tokens
+                    totals["accepted"] += stats.num_accepted_tokens
+                    totals["forwards"] += stats.num_target_forwards
 
-    counts_before = _batch_counts(address)
+    counts_before = _batch_counts(address) if address else None
     start = time.perf_counter()
     threads = [threading.Thread(target=user, daemon=True) for _ in range(concurrency)]
     for t in threads:
@@ -112,7 +131,7 @@ def run_level(address: str, concurrency: int, num_requests: int, params: Samplin
     for t in threads:
         t.join(timeout_s)
     elapsed = time.perf_counter() - start
-    counts_after = _batch_counts(address)
+    counts_after = _batch_counts(address) if address else None
     mean_batch = 0.0
     if counts_before and counts_after and counts_after[1] > counts_before[1]:
         mean_batch = (counts_after[0] - counts_before[0]) / (counts_after[1] - counts_before[1])

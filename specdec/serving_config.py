@@ -91,10 +91,16 @@ class RouterConfig:
     # served user by user, fewest running first. These caps bound one user's share; 0 = no cap of its own.
     max_active_per_user: int = 0
     max_queued_per_user: int = 0
+    # The OpenAI-compatible HTTP API next to gRPC (same queue and batches): 0 = any free port (printed on the
+    # ready line), -1 = none.
+    http_port: int = 0
+    # API keys, one per line, that both the HTTP API and the gRPC Generation service then require (also
+    # env SPECDEC_API_KEYS, comma-separated); none configured = no check.
+    api_keys_file: str | None = None
 
     def __post_init__(self) -> None:
         if (self.max_active < 1 or self.max_queue < 0 or self.worker_timeout_s <= 0 or self.max_active_per_user < 0
-                or self.max_queued_per_user < 0):
+                or self.max_queued_per_user < 0 or self.http_port < -1):
             raise InvalidArgument(f"invalid router config {self}")
 
 

@@ -10,7 +10,12 @@ from specdec.errors import InvalidArgument
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("loadtest", help="load-test a router at several concurrency levels")
-    p.add_argument("--server", default=None, metavar="HOST:PORT", help="router address (default: start a local stack)")
+    p.add_argument("--server", default=None, metavar="HOST:PORT",
+                   help="router gRPC address (default: start a local stack)")
+    p.add_argument("--http", nargs="?", const="", default=None, metavar="URL",
+                   help="send the requests to the OpenAI-compatible HTTP API instead of gRPC: at URL "
+                        "(http://HOST:PORT; --server, if given, still reports the server's batch figures) "
+                        "or, without URL, the local stack's")
     p.add_argument("--concurrency", default="1,2,4,8,16", help="comma-separated levels")
     p.add_argument("--requests", type=int, default=16, help="requests per level")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -34,15 +39,22 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidArgument(f"--concurrency must be comma-separated integers, got {args.concurrency!r}") from None
     if not levels or min(levels) < 1 or args.requests < 1:
         raise InvalidArgument("--concurrency levels and --requests must be >= 1")
-    if args.server and args.compare:
-        raise InvalidArgument("--compare starts its own stacks; it cannot be used with --server")
+    if (args.server or args.http) and args.compare:
+        raise InvalidArgument("--compare starts its own stacks; it cannot be used with --server or --http URL")
+    if args.server and args.http == "":
+        raise InvalidArgument("with --server, give the HTTP API's address: --http http://HOST:PORT")
+    if args.http:
+        from specdec.loadtest_http import split_url
+
+        split_url(args.http)  # a malformed URL fails here, not once per request
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     configs = [("speculative", False), ("no speculation", True)] if args.compare else [
         ("no speculation" if args.no_spec else args.drafter, args.no_spec)]
     runs = {}
     for label, no_spec in configs:
-        with _stack(args, no_spec) as address:
-            runs[label] = [run_level(address, c, args.requests, params) for c in levels]
+        label += " over HTTP" if args.http is not None else ""
+        with _stack(args, no_spec) as (address, http_url):
+            runs[label] = [run_level(address, c, args.requests, params, http_url=http_url) for c in levels]
             for result in runs[label]:
                 print(f"[{label}] concurrency {result.concurrency}: {result.output_tokens_per_s:.1f} tok/s, "
                       f"ttft p50 {result.ttft_p50_s:.2f}s p99 {result.ttft_p99_s:.2f}s, tpot p50 "
@@ -57,25 +69,26 @@ def run(args: argparse.Namespace) -> int:
 
 
 class _stack:
-    """The router address: --server as given, or a local stack started (and stopped) here."""
+    """(gRPC address, HTTP URL or None): as given (--server, --http URL), or a local stack started (and
+    stopped) here."""
 
     def __init__(self, args: argparse.Namespace, no_spec: bool):
         self.args, self.no_spec, self.stack = args, no_spec, None
 
-    def __enter__(self) -> str:
-        if self.args.server:
-            return self.args.server
+    def __enter__(self) -> tuple[str | None, str | None]:
+        if self.args.server or self.args.http:
+            return self.args.server, self.args.http
         from specdec.commands.serve import stack_config
         from specdec.launch import start_stack
         from specdec.serving_config import StackConfig, TargetConfig
 
         ns = argparse.Namespace(config=None, target=self.args.target, drafter=self.args.drafter, draft=None,
-                                dtype="auto", port=0, no_pipeline=False)
+                                dtype="auto", port=0, http_port=0, api_keys_file=None, no_pipeline=False)
         config = stack_config(ns)
         if self.no_spec:  # the same target worker, with no drafter anywhere
             config = StackConfig(router=config.router, targets=(TargetConfig(model=self.args.target),), drafts=())
         self.stack = start_stack(config)
-        return self.stack.address
+        return self.stack.address, f"http://{self.stack.http_address}" if self.args.http is not None else None
 
     def __exit__(self, *exc) -> None:
         if self.stack is not None:

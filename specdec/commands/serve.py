@@ -24,7 +24,11 @@ def add_parser(subparsers) -> None:
                    help="ngram / draft run in a draft worker; medusa / eagle heads run inside the target worker")
     p.add_argument("--draft", default=None, help="trained drafter checkpoint dir (draft, medusa, eagle)")
     p.add_argument("--dtype", default="auto")
-    p.add_argument("--port", type=int, default=0, help="router port (0 = any free port)")
+    p.add_argument("--port", type=int, default=0, help="router gRPC port (0 = any free port)")
+    p.add_argument("--http-port", type=int, default=0,
+                   help="router's OpenAI-compatible HTTP API port (0 = any free port, -1 = none)")
+    p.add_argument("--api-keys-file", default=None,
+                   help="API keys, one per line, required by both APIs (also env SPECDEC_API_KEYS)")
     p.add_argument("--no-pipeline", action="store_true", help="draft worker waits for each verify result")
     p.add_argument("--demo", action="store_true", help="once ready, stream one sample request through the stack")
     p.set_defaults(run=run_stack)
@@ -39,11 +43,12 @@ def add_parser(subparsers) -> None:
 def stack_config(args: argparse.Namespace) -> StackConfig:
     if args.config is not None:
         return load_stack_config(args.config)
+    router = RouterConfig(port=args.port, http_port=args.http_port, api_keys_file=args.api_keys_file)
     if args.drafter in SELF_DRAFTERS:
-        return StackConfig(router=RouterConfig(port=args.port), drafts=(),
+        return StackConfig(router=router, drafts=(),
                            targets=(TargetConfig(model=args.target, dtype=args.dtype, drafter=args.drafter,
                                                  draft=args.draft),))
-    return StackConfig(router=RouterConfig(port=args.port),
+    return StackConfig(router=router,
                        targets=(TargetConfig(model=args.target, dtype=args.dtype),),
                        drafts=(DraftConfig(drafter=args.drafter, model=args.draft, target_model=args.target,
                                            dtype=args.dtype, pipeline=not args.no_pipeline),))
@@ -60,9 +65,11 @@ def run_stack(args: argparse.Namespace) -> int:
     try:
         print(f"specdec stack ready: router on {stack.address} "
               f"(targets {', '.join(p.address for p in stack.targets)}; "
-              f"drafts {', '.join(p.address for p in stack.drafts) or 'none'})", flush=True)
+              f"drafts {', '.join(p.address for p in stack.drafts) or 'none'})"
+              + (f"; OpenAI-compatible HTTP API on http://{stack.http_address}/v1" if stack.http_address else ""),
+              flush=True)
         if args.demo:
-            demo(stack.address)
+            demo(stack.address, stack.http_address)
         stop.wait()
     finally:
         stack.stop()
@@ -72,7 +79,7 @@ def run_stack(args: argparse.Namespace) -> int:
 DEMO_PROMPT = "Write a short JSON object describing a cat named Tom, then repeat it with the age changed."
 
 
-def demo(address: str) -> None:
+def demo(address: str, http_address: str = "") -> None:
     """What `make run` shows: a request streaming through router -> draft worker -> target worker."""
     from specdec.client import Client
     from specdec.core.types import SamplingParams
@@ -86,5 +93,9 @@ def demo(address: str) -> None:
                 s = chunk.output.stats
                 print(f"\n[{s.num_new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f}, "
                       f"acceptance {s.acceptance_rate:.2f}, {chunk.output.finish_reason}]")
-    print(f"\nThe stack keeps serving on {address}; try `specdec generate --server {address} ...`. Ctrl-C stops it.",
-          flush=True)
+    print(f"\nThe stack keeps serving on {address}; try `specdec generate --server {address} ...`", flush=True)
+    if http_address:
+        print(f"or the OpenAI-compatible API: curl http://{http_address}/v1/chat/completions "
+              """-H 'Content-Type: application/json' -d '{"messages": [{"role": "user", "content": "Hi!"}]}'""",
+              flush=True)
+    print("Ctrl-C stops it.", flush=True)

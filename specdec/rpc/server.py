@@ -7,7 +7,7 @@ import sys
 import threading
 from concurrent import futures
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -46,10 +46,12 @@ def channel_options() -> list[tuple[str, int]]:
 
 
 def start_server(register: Callable[[grpc.Server], None], service_names: list[str], port: int = 0,
-                 host: str = "127.0.0.1", max_workers: int = 64) -> RunningServer:
-    """register(server) adds the servicers; service_names are their full names (for health/reflection)."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=[StatusInterceptor()],
-                         options=channel_options())
+                 host: str = "127.0.0.1", max_workers: int = 64,
+                 interceptors: Sequence[grpc.ServerInterceptor] = ()) -> RunningServer:
+    """register(server) adds the servicers; service_names are their full names (for health/reflection);
+    `interceptors` run before the status interceptor (an API key check, say)."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
+                         interceptors=[*interceptors, StatusInterceptor()], options=channel_options())
     register(server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -63,12 +65,14 @@ def start_server(register: Callable[[grpc.Server], None], service_names: list[st
     return RunningServer(server, bound, health_servicer, tuple(service_names))
 
 
-def run_until_signalled(running: RunningServer, kind: str, on_stop: Callable[[], None] | None = None) -> int:
-    """Print the ready line (what `specdec serve` and tests wait for), then block until SIGTERM/SIGINT."""
+def run_until_signalled(running: RunningServer, kind: str, on_stop: Callable[[], None] | None = None,
+                        ready_detail: str = "") -> int:
+    """Print the ready line (what `specdec serve` and tests wait for), then block until SIGTERM/SIGINT.
+    `ready_detail` is appended to it (the router's HTTP address)."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    print(f"specdec {kind} ready on {running.address}", flush=True)
+    print(f"specdec {kind} ready on {running.address}{ready_detail}", flush=True)
     stop.wait()
     if on_stop is not None:
         on_stop()

@@ -18,6 +18,7 @@ log = logging.getLogger(__name__)
 CODES = (  # most specific first: DeadlineExceeded is also a TimeoutError, ModelNotFound a FileNotFoundError
     (errors.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.ModelNotFound, grpc.StatusCode.NOT_FOUND),
+    (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (errors.ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
     (errors.DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),

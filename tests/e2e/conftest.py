@@ -41,6 +41,13 @@ def ngram_stack(tiny_models) -> Stack:
 
 
 @pytest.fixture(scope="session")
+def http_stack(tiny_models) -> Stack:
+    """A draft-model stack shared by the HTTP API's test modules (one start instead of one per module)."""
+    with running_stack(stack_config(tiny_models, "draft")) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="session")
 def reference(tiny_models):
     """In-process engines on the same checkpoints: reference(drafter, prompt, params) -> GenerationOutput."""
     engines = {}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 
 from specdec.launch import spawn, start_stack, wait_ready
 from specdec.serving_config import DraftConfig, RouterConfig, StackConfig, TargetConfig
@@ -38,3 +39,19 @@ def running(kind: str, config):
         yield process
     finally:
         process.stop()
+
+
+def held_sequences(address: str) -> tuple[list[str], list[str]]:
+    """Sequence ids the router's first target and first draft worker hold now (from GetServerInfo)."""
+    from specdec.client import Client
+
+    with Client(address) as client:
+        info = client.server_info()
+    return list(info.targets[0].info.sequence_ids), list(info.drafts[0].info.sequence_ids)
+
+
+def wait_released(address: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while held_sequences(address) != ([], []):
+        assert time.monotonic() < deadline, f"sequences still held: {held_sequences(address)}"
+        time.sleep(0.1)

@@ -1,5 +1,6 @@
 """`specdec serve` (whole stack, embedded SmolLM2 + prompt lookup; and --config YAML) and
-`specdec generate --server`: same --json output as in process, same tokens."""
+`specdec generate --server`: same --json output as in process, same tokens; the stack's
+OpenAI-compatible HTTP API too."""
 from __future__ import annotations
 
 import json
@@ -16,18 +17,19 @@ from specdec.launch import _die_with_parent
 
 pytestmark = pytest.mark.e2e
 READY = re.compile(r"ready.*?(127\.0\.0\.1:\d+)")
+HTTP = re.compile(r"HTTP API on http://(127\.0\.0\.1:\d+)/v1")
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
 def serve(args: list[str], timeout_s: float = 150.0):
-    """Start `specdec serve ...`; return (process, router address) once its ready line appears."""
+    """Start `specdec serve ...`; return (process, router address, HTTP API address) once it is ready."""
     process = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", *args], stdout=subprocess.PIPE,
                                stderr=subprocess.DEVNULL, text=True, env=ENV, preexec_fn=_die_with_parent)
     deadline = time.monotonic() + timeout_s
     for line in process.stdout:  # the stack prints exactly one line on stdout: the ready line
         match = READY.search(line)
         if match:
-            return process, match.group(1)
+            return process, match.group(1), HTTP.search(line).group(1)
         assert time.monotonic() < deadline
     stop(process)
     raise AssertionError("specdec serve exited before it was ready")
@@ -51,32 +53,51 @@ def generate_json(address: str, prompt: str, *flags: str) -> dict:
 
 @pytest.mark.slow
 def test_serve_embedded_stack_matches_in_process():
+    import openai
+
     from specdec.engine import Engine
 
-    process, address = serve([])
+    process, address, http_address = serve([])
     try:
         out = generate_json(address, "List three colours:", "--max-new-tokens", "24", "--chat")
+        with openai.OpenAI(base_url=f"http://{http_address}/v1", api_key="unused", max_retries=0, timeout=120) as c:
+            chat = c.chat.completions.create(model="smollm2-135m-instruct", max_tokens=24, extra_body={
+                "return_token_ids": True}, messages=[{"role": "user", "content": "List three colours:"}])
     finally:
         stop(process)
     engine = Engine.from_pretrained(drafter="ngram")
     expected = engine.generate("List three colours:", SamplingParams(max_new_tokens=24), chat=True)
     assert out["token_ids"] == expected.token_ids and out["text"] == expected.text
     assert out["finish_reason"] == expected.finish_reason
+    (choice,) = chat.choices  # the same generation through the HTTP API
+    assert choice.model_extra["token_ids"] == expected.token_ids and choice.message.content == expected.text
+    assert choice.finish_reason == {"eos": "stop"}.get(expected.finish_reason, expected.finish_reason)
     assert set(out) >= {"tau", "acceptance_rate", "tokens_per_s", "num_target_forwards"}
 
 
 def test_serve_config_file(tmp_path, tiny_models, reference):
+    import socket
+
+    import httpx
+
+    with socket.socket() as sock:  # a port that was free a moment ago, for router.http_port
+        sock.bind(("127.0.0.1", 0))
+        http_port = sock.getsockname()[1]
     config = tmp_path / "stack.yaml"
-    config.write_text(f"router: {{max_queue: 2, max_active_per_user: 2}}\n"
+    config.write_text(f"router: {{max_queue: 2, max_active_per_user: 2, http_port: {http_port}}}\n"
                       f"targets:\n  - {{model: {tiny_models['target']}, dtype: float32, num_threads: 1, "
                       f"max_kv_tokens: 4096}}\n"
                       f"drafts:\n  - {{drafter: ngram, target_model: {tiny_models['target']}}}\n")
-    process, address = serve(["--config", str(config)])
+    process, address, http_address = serve(["--config", str(config)])
     try:
         out = generate_json(address, "Hello", "--max-new-tokens", "20", "--user", "alice")
+        assert http_address == f"127.0.0.1:{http_port}"
+        completion = httpx.post(f"http://{http_address}/v1/completions", timeout=60,
+                                json={"prompt": "Hello", "max_tokens": 20, "return_token_ids": True}).json()
         bad = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", "", "--server", address],
                              capture_output=True, text=True, env=ENV, timeout=60)
     finally:
         stop(process)
     assert out["token_ids"] == reference("ngram", "Hello", SamplingParams(max_new_tokens=20)).token_ids
+    assert completion["choices"][0]["token_ids"] == out["token_ids"]
     assert bad.returncode == 2 and "prompt is empty" in bad.stderr

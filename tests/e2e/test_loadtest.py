@@ -1,10 +1,11 @@
-"""`specdec loadtest` against a running router, and its input errors."""
+"""`specdec loadtest` against a running router (over gRPC and over the HTTP API), and its input errors."""
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
 
+from specdec.client import Client
 from specdec.launch import Stack
 
 
@@ -30,8 +31,30 @@ def test_reports_every_level(draft_stack: Stack, tmp_path):
     assert plot.stat().st_size > 1000
 
 
+def test_drives_the_http_api(draft_stack: Stack):
+    with Client(draft_stack.address) as client:
+        admitted_before = client.server_info().num_admitted
+    result = loadtest("--server", draft_stack.address, "--http", f"http://{draft_stack.http_address}",
+                      "--concurrency", "2", "--requests", "3", "--max-new-tokens", "12", "--json")
+    assert result.returncode == 0, result.stderr
+    ((label, (level,)),) = json.loads(result.stdout).items()
+    assert label.endswith("over HTTP") and "over HTTP" in result.stderr
+    assert level["num_errors"] == 0 and level["num_requests"] == 3 and level["output_tokens_per_s"] > 0
+    assert 0 < level["ttft_p50_s"] and 0 < level["tpot_p50_s"] and level["tau"] >= 1.0
+    assert level["mean_batch_size"] >= 1.0  # the server's figure, asked over gRPC
+    with Client(draft_stack.address) as client:
+        assert client.server_info().num_admitted == admitted_before + 3  # they went through this router
+
+
 def test_bad_levels_exit_2():
     result = loadtest("--server", "127.0.0.1:1", "--concurrency", "1,x")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "specdec: error: --concurrency must be comma-separated integers, got '1,x'"]
+
+
+def test_bad_http_url_exits_2():
+    result = loadtest("--http", "ftp://127.0.0.1:1")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "specdec: error: --http must be http://HOST:PORT, got 'ftp://127.0.0.1:1'"]

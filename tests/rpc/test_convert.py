@@ -130,7 +130,8 @@ def test_router_and_client_import_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys, router.server, specdec.client, specdec.commands.serve, specdec.commands.generate; "
+    code = ("import sys, router.server, router.http_api, specdec.client, specdec.commands.serve, "
+            "specdec.commands.generate, specdec.loadtest_http; "
             "print('torch' in sys.modules or 'transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr

@@ -1,0 +1,169 @@
+"""One generation through the router: validate, admit, assign workers, relay commits, release.
+
+The gRPC servicer and the OpenAI-compatible HTTP API both only convert their wire format to a
+`GenerateRequest` and hand it here with their call, so every request, whichever door it came
+through, waits in the same fair queue, counts against the same KV ledger and limits, and runs on
+the same batches. A call is anything with the four methods of `Call` (a grpc.ServicerContext has
+them; router.http_api.HttpCall implements them for an HTTP request).
+"""
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Callable, Iterator, Protocol
+
+import grpc
+
+from router.admission import Admission
+from router.pool import WorkerPool
+from router.prompts import PromptEncoder
+from specdec.core.types import GenerationStats
+from specdec.errors import InvalidArgument, ServerError
+from specdec.rpc.convert import params_from_pb, params_to_pb, prompt_from_pb, stats_to_pb
+from specdec.rpc.v1 import common_pb2, draft_pb2, draft_pb2_grpc, generation_pb2, target_pb2, target_pb2_grpc
+from specdec.serving_config import RouterConfig
+
+log = logging.getLogger(__name__)
+RELEASE_TIMEOUT_S = 2.0
+TARGET_INFO_TIMEOUT_S = 2.0
+MAX_USER_LEN = 256
+NO_DEADLINE_S = 1e8  # grpc reports "no deadline" as a huge time remaining
+
+
+class Call(Protocol):
+    def is_active(self) -> bool: ...  # False once the client cancelled or went away
+    def time_remaining(self) -> float | None: ...  # seconds to the client's deadline; None (or huge): none
+    def add_callback(self, callback: Callable[[], None]) -> bool: ...  # run when the call ends
+    def peer(self) -> str: ...  # who is calling: the fairness key of anonymous requests
+
+
+def time_remaining(call: Call) -> float | None:
+    """Seconds left of the client's deadline, None without one (passed on to every downstream call)."""
+    left = call.time_remaining()
+    return None if left is None or left > NO_DEADLINE_S else left
+
+
+class Dispatcher:
+    def __init__(self, config: RouterConfig, target_info: common_pb2.WorkerInfo):
+        self.config = config
+        self.target_info = target_info
+        self.targets = WorkerPool(config.targets, target_pb2_grpc.TargetWorkerStub)
+        # a target that drafts for itself (Medusa, EAGLE, ...) gets no draft worker
+        self.drafts = WorkerPool(() if target_info.drafter else config.drafts, draft_pb2_grpc.DraftWorkerStub)
+        self.admission = Admission(config.max_active, config.max_queue, len(config.targets),
+                                   config.max_active_per_user, config.max_queued_per_user,
+                                   is_healthy=lambda index: self.targets.workers[index].healthy)
+        self.admission.update_target(0, target_info.kv_capacity_tokens, target_info.max_sequences)
+        for index in range(1, len(config.targets)):
+            self.refresh_target(index, TARGET_INFO_TIMEOUT_S)
+        self.encoder = PromptEncoder(config.tokenizer or target_info.model_path, target_info.vocab_size)
+
+    def any_target_healthy(self) -> bool:
+        return any(worker.healthy for worker in self.targets.workers)
+
+    def generate(self, request: generation_pb2.GenerateRequest, call: Call,
+                 fill_context: bool = False) -> Iterator[generation_pb2.GenerateResponse]:
+        """Stream one generation. `fill_context`: an unset max_new_tokens means the rest of the context
+        (what OpenAI's chat API promises; at most what a target's KV cache can hold) instead of
+        SamplingParams' default."""
+        prompt_ids = self.encoder.encode(prompt_from_pb(request), request.chat)
+        max_len = self.target_info.max_context_len
+        if fill_context and not request.params.HasField("max_new_tokens"):
+            room = [n for n in (max_len, self.admission.largest_request_tokens()) if n]
+            if room:  # the rest of the context, or of the largest KV cache if that is smaller
+                request.params.max_new_tokens = max(min(room) - len(prompt_ids), 1)
+        params = params_from_pb(request.params)
+        if max_len and len(prompt_ids) + params.max_new_tokens > max_len:
+            raise InvalidArgument(f"prompt ({len(prompt_ids)} tokens) plus max_new_tokens ({params.max_new_tokens}) "
+                                  f"exceeds the model's context of {max_len} tokens")
+        if params.stop and self.encoder.tokenizer is None:
+            raise InvalidArgument("stop strings need a model with a tokenizer")
+        if len(request.user) > MAX_USER_LEN:
+            raise InvalidArgument(f"user is {len(request.user)} characters long; the limit is {MAX_USER_LEN}")
+        ticket = self.admission.acquire(call.is_active, lambda: time_remaining(call),
+                                        request.user or call.peer(), len(prompt_ids) + params.max_new_tokens)
+        try:
+            yield from self._generate(ticket.target, prompt_ids, params, call)
+        finally:
+            self.admission.release(ticket)
+
+    def _generate(self, target_index, prompt_ids, params, call: Call):
+        start = time.perf_counter()
+        target = self.targets.workers[target_index]
+        draft = self.drafts.acquire()
+        seq_id = uuid.uuid4().hex
+        admit = target.stub.Admit(target_pb2.AdmitRequest(
+            sequence_id=seq_id, prompt_ids=prompt_ids, params=params_to_pb(params), expect_drafts=draft is not None),
+            timeout=time_remaining(call))
+        call.add_callback(admit.cancel)  # client gone -> the target's Admit ends -> sequence released there
+        try:
+            admitted = next(admit)  # prefill done
+            if draft is not None:
+                draft = self._attach(draft, target.address, seq_id, prompt_ids, params, call)
+            yield from self._relay(admit, admitted.prefill_s, prompt_ids, start)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                self.targets.bench(target)
+            elif exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:  # full beyond this router's ledger
+                self.refresh_target(target_index, RELEASE_TIMEOUT_S)
+            raise
+        finally:
+            admit.cancel()
+            self._release(target, seq_id)
+            if draft is not None:
+                self._release(draft, seq_id)
+                self.drafts.release(draft)
+
+    def _attach(self, draft, target_address, seq_id, prompt_ids, params, call: Call):
+        """Assign the draft worker; without it the target simply decodes alone."""
+        remaining = time_remaining(call)
+        try:
+            draft.stub.Attach(draft_pb2.AttachRequest(
+                sequence_id=seq_id, target_address=target_address, prompt_ids=prompt_ids,
+                params=params_to_pb(params), timeout_s=remaining or 0.0),
+                timeout=min(self.config.worker_timeout_s, remaining or self.config.worker_timeout_s))
+            return draft
+        except grpc.RpcError as exc:
+            log.warning("draft worker %s failed (%s): decoding without drafts", draft.address, exc.code())
+            self.drafts.bench(draft)
+            self.drafts.release(draft)
+            return None
+
+    def _relay(self, admit, prefill_s, prompt_ids, start):
+        texts, num_tokens, forwards, drafted, accepted, verify_s = [], 0, 0, 0, 0, 0.0
+        for commit in admit:
+            texts.append(commit.text)
+            num_tokens += len(commit.token_ids)
+            forwards += 1
+            drafted += commit.num_drafted
+            accepted += commit.num_accepted
+            verify_s += commit.verify_s
+            response = generation_pb2.GenerateResponse(text=commit.text, token_ids=commit.token_ids)
+            if commit.finish_reason:
+                stats = GenerationStats(num_tokens, forwards, drafted, accepted, time.perf_counter() - start,
+                                        0.0, verify_s, prefill_s)
+                response.final.CopyFrom(generation_pb2.FinalInfo(
+                    finish_reason=commit.finish_reason, stats=stats_to_pb(stats), prompt_token_ids=prompt_ids,
+                    text="".join(texts)))
+                yield response
+                return
+            yield response
+        raise ServerError("the target worker ended the sequence without finishing it")
+
+    def _release(self, worker, seq_id: str) -> None:
+        try:
+            worker.stub.Release(common_pb2.ReleaseRequest(sequence_id=seq_id), timeout=RELEASE_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            log.warning("release of %s at %s failed: %s", seq_id, worker.address, exc.code())
+
+    def refresh_target(self, index: int, timeout_s: float) -> common_pb2.WorkerInfo | None:
+        """Ask a target for its KV capacity and slots (what admission plans with); None if it did not answer."""
+        worker = self.targets.workers[index]
+        try:
+            info = worker.stub.GetWorkerInfo(common_pb2.WorkerInfoRequest(), timeout=timeout_s)
+        except grpc.RpcError as exc:
+            log.warning("target %s did not report its capacity: %s", worker.address, exc.code())
+            return None
+        self.admission.update_target(index, info.kv_capacity_tokens, info.max_sequences)
+        return info
