@@ -2,7 +2,7 @@
 
     make bench-quick            # or: .venv/bin/python benchmarks/quick.py --max-new-tokens 128
 
-Ratios measured in one run are the figures that count (DESIGN.md "Measuring"); every method's token
+Ratios measured in one run are the figures that count (docs/architecture.md); every method's token
 ids must equal plain decoding's, and the script exits 1 if any differ.
 """
 from __future__ import annotations

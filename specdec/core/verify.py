@@ -1,6 +1,6 @@
 """Verification: which draft tokens the target keeps, and the one token it adds.
 
-Glossary (DESIGN.md): a verify step walks the draft tree from the root. At each row it either
+Glossary (docs/architecture.md, "Words"): a verify step walks the draft tree from the root. At each row it either
 *accepts* one child and moves into it, or stops and emits one more token: the *recovered* token,
 sampled from the residual distribution after every child was rejected, or, at a leaf, the *bonus*
 token sampled from p. One step therefore emits len(accepted) + 1 tokens.
