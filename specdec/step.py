@@ -139,15 +139,16 @@ def plan_all(policy: SpeculationPolicy, entries: list[Drafting], max_len: int) -
     return budgets
 
 
-def propose_all(entries: list[Drafting], budgets: list) -> tuple[list[DraftTree], float]:
+def propose_all(entries: list[Drafting], budgets: list, agree=None) -> tuple[list[DraftTree], float]:
     """Each entry's tree: its given tree, or a fresh draft within its budget. A drafter that fails
-    costs its sequence the draft, nothing more. Returns (trees, seconds spent drafting)."""
+    costs its sequence the draft, nothing more. agree(depth): where every tensor-parallel rank drafts
+    (the engine under --tp), rank 0's depth for all. Returns (trees, seconds spent drafting)."""
     start = time.perf_counter()
     trees = []
     for e, budget in zip(entries, budgets):
         tree = e.tree if e.tree is not None else DraftTree.empty()
         if budget is not None:
-            depth = parallel.broadcast_int(budget.depth)  # tensor-parallel ranks must verify the same tree
+            depth = budget.depth if agree is None else agree(budget.depth)  # ranks must verify the same tree
             try:
                 if depth > 0:
                     tree = e.session.propose(e.seq.context, depth, e.seq.params, e.seq.generator,
@@ -162,7 +163,7 @@ def decode_step(runner: ModelRunner, policy: SpeculationPolicy, pool: BatchCache
                 max_len: int, fault=None) -> tuple[list[DraftTree], list[StepResult | StepFailure], float]:
     """Draft, choose what to verify, verify, learn: one step of every entry, as prose.
     Returns (trees as verified, results, seconds spent drafting)."""
-    trees, draft_s = propose_all(entries, plan_all(policy, entries, max_len))
+    trees, draft_s = propose_all(entries, plan_all(policy, entries, max_len), agree=parallel.broadcast_int)
     keys = [e.key for e in entries]
     trees = policy.allocate(keys, trees, [is_sampled(t, e.seq.params.greedy) for t, e in zip(trees, entries)])
     start = time.perf_counter()
