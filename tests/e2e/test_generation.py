@@ -120,15 +120,19 @@ def test_invalid_argument(draft_stack, prompt, params, message):
         client.generate(prompt, params, timeout_s=30)
 
 
-def test_invalid_sampling_params_on_the_wire(draft_stack):
+@pytest.mark.parametrize("temperature", [-1.0, 1e-40, float("inf")])
+def test_invalid_sampling_params_on_the_wire(draft_stack, temperature):
+    """1e-40 overflowed logits / T to inf in the target's float32 warp (NaN fails the batch): refused at the door."""
     from specdec.rpc.v1 import generation_pb2, generation_pb2_grpc
 
     with grpc.insecure_channel(draft_stack.address) as channel:
         request = generation_pb2.GenerateRequest(text="hi")
-        request.params.temperature = -1.0
+        request.params.temperature = temperature
+        request.params.max_new_tokens = 4
         with pytest.raises(grpc.RpcError) as err:
             list(generation_pb2_grpc.GenerationStub(channel).Generate(request, timeout=30))
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "temperature" in err.value.details()
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "temperature must be 0 (greedy) or in [0.01, 100]" in err.value.details()
 
 
 def test_bounded_queue(draft_stack):
