@@ -58,6 +58,7 @@ def load_model(path: str | os.PathLike | None, dtype: torch.dtype, tp_degree: in
 
     hf_logging.disable_progress_bar()
     resolved = resolve_path(path)
+    check_plain_kv_cache(resolved)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             resolved, dtype=dtype, local_files_only=True, attn_implementation="sdpa",
@@ -70,6 +71,50 @@ def load_model(path: str | os.PathLike | None, dtype: torch.dtype, tp_degree: in
     except (OSError, ValueError, TypeError):
         tokenizer = None
     return LoadedModel(model, tokenizer, resolved)
+
+
+def check_plain_kv_cache(path: Path) -> None:
+    """Refuse, before loading any weights, a model whose KV cache is not plain full attention in every layer.
+
+    A verify step is committed by keeping cache positions [0, start) plus the accepted rows and
+    dropping the rest (core/kv.py); rollback crops positions. That is only right when every layer
+    keeps one key/value entry per token: a sliding-window or chunked layer drops old positions, and
+    a linear-attention (recurrent) layer folds every token into one state that slicing cannot undo,
+    so speculation would silently corrupt them.
+    """
+    from transformers import AutoConfig, DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ModelNotFound(f"cannot read the config of {str(path)!r}: {str(exc).splitlines()[0]}") from exc
+    config = getattr(config, "get_text_config", lambda: config)()
+    try:
+        layers = DynamicCache(config=config).layers
+    except Exception as exc:  # noqa: BLE001 (any failure means the cache is not the plain kind)
+        raise InvalidArgument(f"{str(path)!r}: cannot build a KV cache for this model ({exc}); specdec "
+                              f"serves models whose every layer is plain full attention") from exc
+    odd = [i for i, layer in enumerate(layers) if type(layer) is not DynamicLayer]
+    if odd:
+        kinds = _layer_kinds(config, layers)
+        found = ", ".join(sorted({kinds[i] for i in odd}))
+        raise InvalidArgument(f"{str(path)!r} ({config.model_type}) has {len(odd)} of {len(layers)} layers with a "
+                              f"{found} cache; specdec commits verified tokens by slicing cache positions and "
+                              f"serves only models whose every layer is plain full attention")
+
+
+def _layer_kinds(config, layers) -> list[str]:
+    """Each layer's attention kind as transformers names it (sliding_attention, linear_attention, ...)."""
+    try:
+        from transformers.cache_utils import get_layer_types_and_kwargs
+
+        kinds = list(get_layer_types_and_kwargs(config)[0])
+        if len(kinds) == len(layers):
+            return kinds
+    except Exception:  # noqa: BLE001 (names are only for the message)
+        pass
+    return [type(layer).__name__ for layer in layers]
 
 
 def random_draft_path(target: LoadedModel, seed: int = 0) -> Path:
