@@ -41,7 +41,7 @@ class TargetConfig:
     # Drafting inside the target (sequences then need no draft worker): none | ngram | draft | medusa |
     # eagle. Medusa and EAGLE heads read the target's features, so they can only run here.
     drafter: str = "none"
-    draft: str | None = None  # trained checkpoint dir of that drafter (None = the shipped one, if any)
+    draft: str | None = None  # trained checkpoint dir of that drafter (None = the shipped one: embedded target only)
     num_speculative_tokens: int = 8
     adaptive: bool = True
     # Trim every batch's drafts to the depth that measured costs and acceptance say pays at this batch
@@ -58,7 +58,9 @@ class TargetConfig:
 @dataclass(frozen=True)
 class DraftConfig:
     drafter: str = "ngram"  # ngram | draft
-    model: str | None = None  # draft checkpoint dir (drafter draft); None = a random stand-in
+    # Draft checkpoint dir (drafter draft). None = the one shipped for the embedded target (refused for
+    # any other target); "random" = an untrained stand-in, for tests only.
+    model: str | None = None
     target_model: str | None = None  # the target's dir, to check the vocabulary (None = embedded)
     dtype: str = "auto"
     port: int = 0

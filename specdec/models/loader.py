@@ -118,24 +118,34 @@ def _layer_kinds(config, layers) -> list[str]:
 
 
 def random_draft_path(target: LoadedModel, seed: int = 0) -> Path:
-    """A tiny random Llama sharing the target's vocabulary: a stand-in until a trained draft exists.
+    """A tiny random Llama sharing the target's vocabulary (what draft="random" asks for; tests only).
 
     It exercises the whole draft-model path (its own KV cache, rollback, trees) at near-zero
-    acceptance, which is also what the adaptive controller must survive.
+    acceptance, which is also what the adaptive controller must survive. Its weights come from a
+    local generator seeded with `seed`, and the global torch RNG is left as it was: building it
+    must not change what a caller's own torch.manual_seed(...) draws next.
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from specdec.models.embedded import cache_dir
 
     vocab_size = target.model.config.vocab_size
-    out = cache_dir() / f"random-draft-v{vocab_size}-s{seed}"
+    out = cache_dir() / f"random-draft-v{vocab_size}-g{seed}"
     if (out / "config.json").is_file():
         return out
-    torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
                          tie_word_embeddings=True)
-    LlamaForCausalLM(config).save_pretrained(out)
+    with torch.random.fork_rng(devices=[]):  # the constructor's own init draws from the global RNG
+        model = LlamaForCausalLM(config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():  # norms start at 1, matrices ~ N(0, initializer_range)
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, config.initializer_range, generator=generator)
+    model.save_pretrained(out)
     if target.tokenizer is not None:
         target.tokenizer.save_pretrained(out)
     return out
