@@ -17,7 +17,7 @@ from specdec.rpc.status import status_of, to_exception
 from specdec.rpc.trees import tree_from_pb, tree_to_pb
 from specdec.rpc.v1 import common_pb2, generation_pb2
 from specdec.serving_config import (DraftConfig, RouterConfig, TargetConfig, add_config_args, config_from_args,
-                                    config_to_argv, load_stack_config)
+                                    config_to_argv, load_stack_config, with_workers)
 
 
 @pytest.mark.parametrize("params", [
@@ -133,6 +133,32 @@ def test_yaml_deployment(tmp_path):
     assert config.drafts[0].drafter == "draft" and config.drafts[0].pipeline is False
     path.write_text("router: {colour: blue}\n")
     with pytest.raises(errors.InvalidArgument, match="colour"):
+        load_stack_config(path)
+
+
+def test_every_router_field_of_a_yaml_file_reaches_the_spawned_router(tmp_path):
+    """The launcher adds the started workers' addresses and changes nothing else (it once rebuilt the
+    config field by field and dropped the per-user caps)."""
+    import dataclasses
+
+    path = tmp_path / "stack.yaml"
+    path.write_text("router: {port: 5555, targets: [127.0.0.1:8], drafts: [127.0.0.1:9], tokenizer: /tok, "
+                    "max_active: 3, max_queue: 5, worker_timeout_s: 7.5, max_active_per_user: 2, "
+                    "max_queued_per_user: 1}\n")
+    loaded = load_stack_config(path).router
+    assert all(getattr(loaded, f.name) != f.default for f in dataclasses.fields(RouterConfig))  # every field set
+    spawned = with_workers(loaded, ("127.0.0.1:1",), ("127.0.0.1:2",))
+    parser = argparse.ArgumentParser()
+    add_config_args(parser, RouterConfig)
+    parsed = config_from_args(parser.parse_args(config_to_argv(spawned)), RouterConfig)
+    assert parsed == dataclasses.replace(loaded, targets=("127.0.0.1:1", "127.0.0.1:8"),
+                                         drafts=("127.0.0.1:2", "127.0.0.1:9"))
+
+
+def test_a_deployment_that_is_not_a_mapping_is_refused(tmp_path):
+    path = tmp_path / "stack.yaml"
+    path.write_text("- router\n")
+    with pytest.raises(errors.InvalidArgument, match="must be a mapping"):
         load_stack_config(path)
 
 
