@@ -10,7 +10,6 @@ the same test, and deliberately broken acceptance rules fail it.
 """
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from distribution import g_test_kl  # noqa: F401  (also imported from here by test_engine_sampling)
 from specdec.core.sampling import warp
 from specdec.core.tree import DraftTree, tree_layout
 from specdec.core.types import SamplingParams
@@ -79,26 +79,6 @@ def build_tree(lang: Language, prefix, scheme: str, width: int, depth: int, g) -
         frontier = nxt
     q = None if scheme == "topk" else torch.stack(qs)
     return DraftTree(tuple(tokens), tuple(parents), q), paths
-
-
-def g_test_kl(counts: dict, exact: dict, n: int) -> tuple[float, float]:
-    """(KL(empirical || exact), tolerance); outcomes with expected count < 5 are pooled."""
-    pooled_obs, pooled_exp, obs, exp = 0, 0.0, [], []
-    for outcome, prob in exact.items():
-        if prob * n < 5:
-            pooled_obs += counts.get(outcome, 0)
-            pooled_exp += prob
-        else:
-            obs.append(counts.get(outcome, 0))
-            exp.append(prob)
-    if pooled_exp > 0:
-        obs.append(pooled_obs)
-        exp.append(pooled_exp)
-    kl = sum((o / n) * math.log((o / n) / e) for o, e in zip(obs, exp) if o > 0)
-    df = len(obs) - 1
-    z = 3.09  # 0.999 quantile of N(0, 1); Wilson-Hilferty approximation of chi2_{0.999}(df)
-    crit = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
-    return kl, crit / (2 * n)
 
 
 def run(params: SamplingParams, scheme: str, width: int, depth: int, verify=verify_sampling, plain=False):

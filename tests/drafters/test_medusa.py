@@ -1,9 +1,12 @@
 """Medusa heads: checkpoint loading and shapes, tree proposals, greedy equality with plain decoding."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
+from distribution import assert_follows, exact_joint, target_next_probs
 from specdec import Engine, SamplingParams
 from specdec.core.tree import DraftTree
 from specdec.drafters.medusa import MedusaHeads, load_medusa
@@ -45,10 +48,24 @@ def test_greedy_equals_plain_decoding(tiny_target, tiny_medusa_dir):
             assert out.stats.num_draft_tokens > 0
 
 
-def test_sampling_runs_with_deterministic_children(tiny_target, tiny_medusa_dir):
-    engine = Engine.from_pretrained(target=tiny_target, drafter="medusa", draft=str(tiny_medusa_dir))
-    out = engine.generate(PROMPTS[0], SamplingParams(temperature=0.8, seed=3, max_new_tokens=20, ignore_eos=True))
-    assert len(out.token_ids) == 20
+# The first token comes from the prefill; the heads draft from the second on. At this prompt and a
+# flattened p the tiny heads' tokens have middling target probability, so accepting and rejecting
+# them both matter (with T=1 they are near-certain or near-impossible and any rule looks right).
+SAMPLED = SamplingParams(temperature=2.0, top_k=3, max_new_tokens=3, ignore_eos=True)
+SAMPLED_PROMPT = [11, 12]
+NUM_SAMPLED = 1200
+
+
+def test_sampling_with_deterministic_children_follows_the_target(tiny_target, tiny_medusa_dir):
+    """Medusa's children are the heads' top tokens (q one-hot): accepted with probability p(x), and a
+    rejected x leaves the residual. The first two sampled tokens (fixed seeds) follow the target's exact
+    joint distribution (G-test), with drafts both accepted and rejected on the way."""
+    engine = Engine.from_pretrained(target=tiny_target, drafter="medusa", draft=str(tiny_medusa_dir), adaptive=False)
+    outs = [engine.generate(SAMPLED_PROMPT, dataclasses.replace(SAMPLED, seed=seed)) for seed in range(NUM_SAMPLED)]
+    accepted, drafted = sum(o.stats.num_accepted_tokens for o in outs), sum(o.stats.num_draft_tokens for o in outs)
+    assert all(o.stats.num_draft_tokens > 0 for o in outs) and 0 < accepted < drafted
+    exact = exact_joint(target_next_probs(tiny_target, SAMPLED), SAMPLED_PROMPT)
+    assert_follows([tuple(o.token_ids[:2]) for o in outs], exact)
 
 
 def test_proposal_is_a_valid_tree_bounded_by_depth(tiny_target, tiny_medusa_dir):
