@@ -41,6 +41,7 @@ def build_drafter(config: DraftConfig):
         return NgramDrafter(NgramConfig(num_branches=config.tree_width)), "", 0
     from transformers import AutoConfig, AutoTokenizer
 
+    from specdec.drafters import RANDOM_DRAFT, no_draft_model_reason
     from specdec.drafters.draft_model import DraftModelConfig, DraftModelDrafter
     from specdec.errors import InvalidArgument
     from specdec.models.loader import load_model, pick_dtype, random_draft_path, resolve_path
@@ -51,7 +52,9 @@ def build_drafter(config: DraftConfig):
     path = config.model
     if path is None:
         path = _shipped_draft(target_dir)
-    if path is None:  # random_draft_path reads only model.config and tokenizer
+        if path is None:
+            raise InvalidArgument(no_draft_model_reason(target_dir))
+    elif path == RANDOM_DRAFT:  # random_draft_path reads only model.config and tokenizer
         try:
             tokenizer = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
         except (OSError, ValueError, TypeError):

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from specdec.errors import Unavailable
-from specdec.serving_config import RouterConfig, StackConfig, config_to_argv
+from specdec.serving_config import StackConfig, config_to_argv, with_workers
 
 READY = re.compile(r"ready on (127\.0\.0\.1:\d+)")
 HTTP_READY = re.compile(r"http on (\S+:\d+)")  # the router's OpenAI-compatible HTTP API, on its ready line
@@ -126,12 +126,8 @@ def start_stack(config: StackConfig, env: dict | None = None, echo=None) -> Stac
         started += drafts
         for process in started:
             wait_ready(process, config.ready_timeout_s, echo)
-        r = config.router
-        router_config = RouterConfig(port=r.port, targets=tuple(p.address for p in targets) + r.targets,
-                                     drafts=tuple(p.address for p in drafts) + r.drafts, tokenizer=r.tokenizer,
-                                     max_active=r.max_active, max_queue=r.max_queue,
-                                     worker_timeout_s=r.worker_timeout_s,
-                                     http_port=r.http_port, api_keys_file=r.api_keys_file)
+        router_config = with_workers(config.router, tuple(p.address for p in targets),
+                                     tuple(p.address for p in drafts))
         router = spawn("router", router_config, env)
         started.append(router)
         wait_ready(router, config.ready_timeout_s, echo)

@@ -41,7 +41,7 @@ class TargetConfig:
     # Drafting inside the target (sequences then need no draft worker): none | ngram | draft | medusa |
     # eagle. Medusa and EAGLE heads read the target's features, so they can only run here.
     drafter: str = "none"
-    draft: str | None = None  # trained checkpoint dir of that drafter (None = the shipped one, if any)
+    draft: str | None = None  # trained checkpoint dir of that drafter (None = the shipped one: embedded target only)
     num_speculative_tokens: int = 8
     adaptive: bool = True
     # Trim every batch's drafts to the depth that measured costs and acceptance say pays at this batch
@@ -58,7 +58,9 @@ class TargetConfig:
 @dataclass(frozen=True)
 class DraftConfig:
     drafter: str = "ngram"  # ngram | draft
-    model: str | None = None  # draft checkpoint dir (drafter draft); None = a random stand-in
+    # Draft checkpoint dir (drafter draft). None = the one shipped for the embedded target (refused for
+    # any other target); "random" = an untrained stand-in, for tests only.
+    model: str | None = None
     target_model: str | None = None  # the target's dir, to check the vocabulary (None = embedded)
     dtype: str = "auto"
     port: int = 0
@@ -114,22 +116,28 @@ class StackConfig:
     ready_timeout_s: float = 300.0
 
 
-def _build(cls, data, where: str):
-    if data is None:
+def build_config(cls, values, where: str):
+    """The one way a config is made from outside values (a YAML mapping, parsed flags): every field a
+    file or a flag names reaches the dataclass, unknown names are refused, lists become tuples."""
+    if values is None:
         return cls()
-    if not isinstance(data, dict):
-        raise InvalidArgument(f"{where} must be a mapping, got {type(data).__name__}")
+    if not isinstance(values, dict):
+        raise InvalidArgument(f"{where} must be a mapping, got {type(values).__name__}")
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(data) - names
+    unknown = set(values) - names
     if unknown:
         raise InvalidArgument(f"{where}: unknown keys {', '.join(sorted(unknown))} (valid: {', '.join(sorted(names))})")
-    data = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
-    return cls(**data)
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
+
+def with_workers(router: RouterConfig, targets: tuple[str, ...], drafts: tuple[str, ...]) -> RouterConfig:
+    """`router` with the addresses of the workers just started put first; every other field as configured."""
+    return dataclasses.replace(router, targets=tuple(targets) + router.targets, drafts=tuple(drafts) + router.drafts)
 
 
 def _many(cls, data, where: str) -> tuple:
     items = data if isinstance(data, list) else [data]
-    return tuple(_build(cls, item, f"{where}[{i}]") for i, item in enumerate(items))
+    return tuple(build_config(cls, item, f"{where}[{i}]") for i, item in enumerate(items))
 
 
 def load_stack_config(path: str | Path) -> StackConfig:
@@ -140,12 +148,15 @@ def load_stack_config(path: str | Path) -> StackConfig:
         data = yaml.safe_load(Path(path).read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise InvalidArgument(f"cannot read config {str(path)!r}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise InvalidArgument(f"{path}: a deployment must be a mapping (router, targets, drafts), "
+                              f"got {type(data).__name__}")
     unknown = set(data) - {"router", "targets", "target", "drafts", "draft", "ready_timeout_s"}
     if unknown:
         raise InvalidArgument(f"{path}: unknown keys {', '.join(sorted(unknown))}")
     targets = data.get("targets", data.get("target"))
     drafts = data.get("drafts", data.get("draft"))
-    return StackConfig(router=_build(RouterConfig, data.get("router"), "router"),
+    return StackConfig(router=build_config(RouterConfig, data.get("router"), "router"),
                        targets=_many(TargetConfig, targets, "targets") if targets is not None else (TargetConfig(),),
                        drafts=_many(DraftConfig, drafts, "drafts") if drafts is not None else (DraftConfig(),),
                        ready_timeout_s=float(data.get("ready_timeout_s", 300.0)))
@@ -166,8 +177,7 @@ def add_config_args(parser: argparse.ArgumentParser, cls) -> None:
 
 
 def config_from_args(args: argparse.Namespace, cls):
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+    return build_config(cls, {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}, "flags")
 
 
 def config_to_argv(config) -> list[str]:

@@ -19,7 +19,9 @@ def specdec(*args: str, timeout_s: float = 240) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("args, message", [
     (["generate", ""], "prompt is empty"),
     (["generate", "--max-new-tokens", "0", "hi"], "max_new_tokens must be > 0"),
-    (["generate", "--temperature", "-1", "hi"], "temperature must be >= 0"),
+    (["generate", "--temperature", "-1", "hi"], "temperature must be 0 (greedy) or in [0.01, 100], got -1.0"),
+    (["generate", "--temperature", "1e-30", "hi"], "temperature must be 0 (greedy) or in [0.01, 100], got 1e-30"),
+    (["generate", "--temperature", "inf", "hi"], "temperature must be 0 (greedy) or in [0.01, 100], got inf"),
     (["generate", "--top-p", "0", "hi"], "top_p must be in (0, 1]"),
     (["generate", "--top-p", "1.5", "hi"], "top_p must be in (0, 1]"),
     (["generate", "--target", "/no/such/dir", "hi"], "does not exist"),

@@ -6,6 +6,13 @@ from dataclasses import asdict, dataclass, field
 
 from specdec.errors import InvalidArgument
 
+# Sampling temperatures other than 0 (greedy) must lie in this range. Logits are divided by the
+# temperature in float32: below ~1e-38 that overflows to inf and the softmax to NaN, and long before
+# that the distribution is greedy in all but name; far above 100 every token ties and top-k / top-p
+# stop meaning anything. Refusing is exact; clamping would silently sample another distribution.
+MIN_TEMPERATURE = 1e-2
+MAX_TEMPERATURE = 100.0
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -20,8 +27,10 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.temperature, (int, float)) or math.isnan(self.temperature) or self.temperature < 0:
-            raise InvalidArgument(f"temperature must be >= 0, got {self.temperature}")
+        if (not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature)
+                or not (self.temperature == 0 or MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE)):
+            raise InvalidArgument(f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}], "
+                                  f"got {self.temperature}")
         if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
             raise InvalidArgument(f"top_p must be in (0, 1], got {self.top_p}")
         if not isinstance(self.top_k, int) or self.top_k < 0:

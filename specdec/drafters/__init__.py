@@ -14,6 +14,9 @@ DRAFTER_OPTIONS = {
     "eagle": {"num_nodes", "top_k", "depth"},
 }
 TRAINED_DRAFTERS = ("draft", "medusa", "eagle")  # take a trained checkpoint dir (draft=PATH)
+# draft="random" with drafter "draft": an untrained 1-layer stand-in sharing the target's vocabulary.
+# It accepts almost nothing; tests and overhead measurements ask for it by this name, nobody gets it by default.
+RANDOM_DRAFT = "random"
 
 
 def build_drafter(name: str, target, draft_path, options: dict, dtype):
@@ -27,6 +30,9 @@ def build_drafter(name: str, target, draft_path, options: dict, dtype):
     if draft_path is not None and name not in TRAINED_DRAFTERS:
         raise InvalidArgument(f"a draft checkpoint path was given but drafter is {name!r}; "
                               f"use one of {', '.join(TRAINED_DRAFTERS)}")
+    if draft_path == RANDOM_DRAFT and name != "draft":
+        raise InvalidArgument(f"draft={RANDOM_DRAFT!r} (an untrained stand-in) exists only for drafter 'draft', "
+                              f"not {name!r}")
     if name == "none":
         return None
     if name == "ngram":
@@ -42,10 +48,21 @@ def build_drafter(name: str, target, draft_path, options: dict, dtype):
     from specdec.models.loader import load_model, random_draft_path
     from specdec.models.runner import ModelRunner, load_vocab_ids
 
-    if draft_path is None:  # the shipped distilled draft for the embedded target, else a random stand-in
-        draft_path = shipped_checkpoint("draft", target) or random_draft_path(target)
+    if draft_path is None:  # the shipped distilled draft, which exists for the embedded target only
+        draft_path = shipped_checkpoint("draft", target)
+        if draft_path is None:
+            raise InvalidArgument(no_draft_model_reason(target.path))
+    elif draft_path == RANDOM_DRAFT:
+        draft_path = random_draft_path(target)
     draft = load_model(draft_path, dtype)
     if draft.model.config.vocab_size != target.model.config.vocab_size:
         raise InvalidArgument(f"draft vocabulary ({draft.model.config.vocab_size}) differs from the target's "
                               f"({target.model.config.vocab_size}); the draft must share the target's tokenizer")
     return DraftModelDrafter(ModelRunner(draft.model, load_vocab_ids(draft_path)), DraftModelConfig(**options))
+
+
+def no_draft_model_reason(target_path) -> str:
+    """Why drafter 'draft' without a checkpoint is refused for a target other than the embedded one."""
+    return (f"no trained draft model is shipped for the target {str(target_path)!r}; train one (specdec train draft "
+            f"--target PATH --out DIR) and pass draft=DIR, or draft={RANDOM_DRAFT!r} for an untrained stand-in "
+            f"(tests only: it accepts almost nothing)")

@@ -58,6 +58,7 @@ def load_model(path: str | os.PathLike | None, dtype: torch.dtype, tp_degree: in
 
     hf_logging.disable_progress_bar()
     resolved = resolve_path(path)
+    check_plain_kv_cache(resolved)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             resolved, dtype=dtype, local_files_only=True, attn_implementation="sdpa",
@@ -72,25 +73,79 @@ def load_model(path: str | os.PathLike | None, dtype: torch.dtype, tp_degree: in
     return LoadedModel(model, tokenizer, resolved)
 
 
+def check_plain_kv_cache(path: Path) -> None:
+    """Refuse, before loading any weights, a model whose KV cache is not plain full attention in every layer.
+
+    A verify step is committed by keeping cache positions [0, start) plus the accepted rows and
+    dropping the rest (core/kv.py); rollback crops positions. That is only right when every layer
+    keeps one key/value entry per token: a sliding-window or chunked layer drops old positions, and
+    a linear-attention (recurrent) layer folds every token into one state that slicing cannot undo,
+    so speculation would silently corrupt them.
+    """
+    from transformers import AutoConfig, DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ModelNotFound(f"cannot read the config of {str(path)!r}: {str(exc).splitlines()[0]}") from exc
+    config = getattr(config, "get_text_config", lambda: config)()
+    try:
+        layers = DynamicCache(config=config).layers
+    except Exception as exc:  # noqa: BLE001 (any failure means the cache is not the plain kind)
+        raise InvalidArgument(f"{str(path)!r}: cannot build a KV cache for this model ({exc}); specdec "
+                              f"serves models whose every layer is plain full attention") from exc
+    odd = [i for i, layer in enumerate(layers) if type(layer) is not DynamicLayer]
+    if odd:
+        kinds = _layer_kinds(config, layers)
+        found = ", ".join(sorted({kinds[i] for i in odd}))
+        raise InvalidArgument(f"{str(path)!r} ({config.model_type}) has {len(odd)} of {len(layers)} layers with a "
+                              f"{found} cache; specdec commits verified tokens by slicing cache positions and "
+                              f"serves only models whose every layer is plain full attention")
+
+
+def _layer_kinds(config, layers) -> list[str]:
+    """Each layer's attention kind as transformers names it (sliding_attention, linear_attention, ...)."""
+    try:
+        from transformers.cache_utils import get_layer_types_and_kwargs
+
+        kinds = list(get_layer_types_and_kwargs(config)[0])
+        if len(kinds) == len(layers):
+            return kinds
+    except Exception:  # noqa: BLE001 (names are only for the message)
+        pass
+    return [type(layer).__name__ for layer in layers]
+
+
 def random_draft_path(target: LoadedModel, seed: int = 0) -> Path:
-    """A tiny random Llama sharing the target's vocabulary: a stand-in until a trained draft exists.
+    """A tiny random Llama sharing the target's vocabulary (what draft="random" asks for; tests only).
 
     It exercises the whole draft-model path (its own KV cache, rollback, trees) at near-zero
-    acceptance, which is also what the adaptive controller must survive.
+    acceptance, which is also what the adaptive controller must survive. Its weights come from a
+    local generator seeded with `seed`, and the global torch RNG is left as it was: building it
+    must not change what a caller's own torch.manual_seed(...) draws next.
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from specdec.models.embedded import cache_dir
 
     vocab_size = target.model.config.vocab_size
-    out = cache_dir() / f"random-draft-v{vocab_size}-s{seed}"
+    out = cache_dir() / f"random-draft-v{vocab_size}-g{seed}"
     if (out / "config.json").is_file():
         return out
-    torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
                          tie_word_embeddings=True)
-    LlamaForCausalLM(config).save_pretrained(out)
+    with torch.random.fork_rng(devices=[]):  # the constructor's own init draws from the global RNG
+        model = LlamaForCausalLM(config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():  # norms start at 1, matrices ~ N(0, initializer_range)
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, config.initializer_range, generator=generator)
+    model.save_pretrained(out)
     if target.tokenizer is not None:
         target.tokenizer.save_pretrained(out)
     return out

@@ -3,7 +3,8 @@
 q travels sparse: each node's non-zero probabilities. A drafter that truncates its distribution to
 the top N and samples from that renormalised truncation sends exactly what it sampled from in N
 entries, which keeps verification exact and messages small (DESIGN.md, "The contract").
-`tree_from_pb` is where the target refuses a malformed distribution, with a reason.
+`tree_from_pb` is where the target refuses a malformed distribution, with a reason, and renormalises
+an accepted one exactly (verification divides by q: a q off by 1e-3 would skew acceptance by as much).
 """
 from __future__ import annotations
 
@@ -47,10 +48,12 @@ def tree_from_pb(msg: target_pb2.DraftTree, vocab_size: int, max_nodes: int) -> 
             raise InvalidArgument(f"draft node {node}: q names a token outside the vocabulary [0, {vocab_size})")
         if not bool(torch.isfinite(probs).all()) or float(probs.min()) < 0.0:
             raise InvalidArgument(f"draft node {node}: q has a negative or non-finite probability")
-        total = float(probs.double().sum())
-        if not math.isclose(total, 1.0, abs_tol=PROB_SUM_TOLERANCE):
-            raise InvalidArgument(f"draft node {node}: q sums to {total:.6f}, not 1")
-        q[node, ids] = probs
+        total = probs.double().sum()
+        if not math.isclose(float(total), 1.0, abs_tol=PROB_SUM_TOLERANCE):
+            raise InvalidArgument(f"draft node {node}: q sums to {float(total):.6f}, not 1")
+        # A drafter samples with torch.multinomial, which draws in proportion to the weights it is
+        # given: the distribution it drew from is probs / sum, whatever rounding left in the sum.
+        q[node, ids] = (probs.double() / total).float()
         if float(q[node, token_ids[node]]) <= 0.0:
             raise InvalidArgument(f"draft node {node}: its token {token_ids[node]} has probability 0 under its q")
     return DraftTree(token_ids, parent_ids, q)

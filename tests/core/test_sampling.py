@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from specdec.core.sampling import make_generator, sample, warp
-from specdec.core.types import SamplingParams
+from specdec.core.types import MAX_TEMPERATURE, MIN_TEMPERATURE, SamplingParams
 from specdec.errors import InvalidArgument
 
 
@@ -43,3 +43,19 @@ def test_seeded_generator_reproduces():
 def test_bad_params_name_the_problem(kwargs, word):
     with pytest.raises(InvalidArgument, match=word):
         SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("temperature", [1e-30, 1e-40, 0.009, 100.5, float("inf"), float("nan"), -1.0])
+def test_temperature_outside_the_stated_range_is_refused(temperature):
+    """Tiny temperatures overflow logits / T to inf (NaN probabilities that would fail a whole batch)."""
+    with pytest.raises(InvalidArgument, match=r"temperature must be 0 \(greedy\) or in \[0.01, 100\]"):
+        SamplingParams(temperature=temperature)
+
+
+@pytest.mark.parametrize("temperature", [MIN_TEMPERATURE, 0.5, MAX_TEMPERATURE])
+def test_every_accepted_temperature_warps_to_a_distribution(temperature):
+    logits = torch.randn(4, 300, generator=torch.Generator().manual_seed(0)) * 30  # wide logits
+    for params in (SamplingParams(temperature=temperature), SamplingParams(temperature=temperature, top_p=0.9),
+                   SamplingParams(temperature=temperature, top_k=5)):
+        probs = warp(logits, params)
+        assert bool(torch.isfinite(probs).all()) and torch.allclose(probs.sum(-1), torch.ones(4))

@@ -10,11 +10,16 @@ the same test, and deliberately broken acceptance rules fail it.
 """
 from __future__ import annotations
 
-import math
+import os
+import subprocess
+import sys
+import zlib
+from pathlib import Path
 
 import pytest
 import torch
 
+from distribution import g_test_kl  # noqa: F401  (also imported from here by test_engine_sampling)
 from specdec.core.sampling import warp
 from specdec.core.tree import DraftTree, tree_layout
 from specdec.core.types import SamplingParams
@@ -25,7 +30,11 @@ NUM_DRAWS = 12000
 
 
 class Language:
-    """Cached random conditional logits for target (scale 1.5) and drafter (different seed, scale 1.0)."""
+    """Cached random conditional logits for target (scale 1.5) and drafter (different seed, scale 1.0).
+
+    Seeded from a CRC-32 of (who, prefix): Python's hash() of a string changes per process
+    (PYTHONHASHSEED), which would make every G-test below a different test on every run.
+    """
 
     def __init__(self, params: SamplingParams):
         self.params = params
@@ -34,7 +43,7 @@ class Language:
     def probs(self, who: str, prefix: tuple[int, ...]) -> torch.Tensor:
         key = (who, prefix)
         if key not in self.cache:
-            g = torch.Generator().manual_seed(hash(key) % (2 ** 31))
+            g = torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
             logits = torch.randn(VOCAB, generator=g) * (1.5 if who == "p" else 1.0)
             self.cache[key] = warp(logits, self.params)
         return self.cache[key]
@@ -72,26 +81,6 @@ def build_tree(lang: Language, prefix, scheme: str, width: int, depth: int, g) -
     return DraftTree(tuple(tokens), tuple(parents), q), paths
 
 
-def g_test_kl(counts: dict, exact: dict, n: int) -> tuple[float, float]:
-    """(KL(empirical || exact), tolerance); outcomes with expected count < 5 are pooled."""
-    pooled_obs, pooled_exp, obs, exp = 0, 0.0, [], []
-    for outcome, prob in exact.items():
-        if prob * n < 5:
-            pooled_obs += counts.get(outcome, 0)
-            pooled_exp += prob
-        else:
-            obs.append(counts.get(outcome, 0))
-            exp.append(prob)
-    if pooled_exp > 0:
-        obs.append(pooled_obs)
-        exp.append(pooled_exp)
-    kl = sum((o / n) * math.log((o / n) / e) for o, e in zip(obs, exp) if o > 0)
-    df = len(obs) - 1
-    z = 3.09  # 0.999 quantile of N(0, 1); Wilson-Hilferty approximation of chi2_{0.999}(df)
-    crit = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
-    return kl, crit / (2 * n)
-
-
 def run(params: SamplingParams, scheme: str, width: int, depth: int, verify=verify_sampling, plain=False):
     lang = Language(params)
     g = torch.Generator().manual_seed(1234)
@@ -122,6 +111,22 @@ CASES = [  # (params, scheme, width, depth)
     (SamplingParams(temperature=0.8, top_k=4), "iid", 1, 3),  # top-k warped chain
     (SamplingParams(temperature=1.2, top_p=0.8), "norepl", 2, 2),  # top-p warped tree
 ]
+
+
+def _language_in_child(hash_seed: str) -> str:
+    code = ("from core.test_verify_lossless import Language; from specdec.core.types import SamplingParams; "
+            "lang = Language(SamplingParams(temperature=1.0)); "
+            "print([round(float(x), 6) for w in 'pq' for x in lang.probs(w, (1, 2))])")
+    tests_dir = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONHASHSEED": hash_seed,
+           "PYTHONPATH": os.pathsep.join([str(tests_dir), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                          check=True).stdout
+
+
+def test_the_language_is_the_same_in_every_process():
+    """The statistical tests below are the same test on every run, whatever the string hash seed."""
+    assert _language_in_child("1") == _language_in_child("2")
 
 
 @pytest.mark.parametrize("params, scheme, width, depth", CASES)

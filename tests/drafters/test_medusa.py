@@ -1,13 +1,17 @@
 """Medusa heads: checkpoint loading and shapes, tree proposals, greedy equality with plain decoding."""
 from __future__ import annotations
 
+import dataclasses
+import re
+
 import pytest
 import torch
 
+from distribution import assert_follows, exact_joint, target_next_probs
 from specdec import Engine, SamplingParams
 from specdec.core.tree import DraftTree
 from specdec.drafters.medusa import MedusaHeads, load_medusa
-from specdec.errors import InvalidArgument
+from specdec.errors import InvalidArgument, ModelNotFound
 
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7], [40, 41, 42, 43, 1, 2], [11, 12]]
 GREEDY = SamplingParams(max_new_tokens=32, ignore_eos=True)
@@ -45,10 +49,24 @@ def test_greedy_equals_plain_decoding(tiny_target, tiny_medusa_dir):
             assert out.stats.num_draft_tokens > 0
 
 
-def test_sampling_runs_with_deterministic_children(tiny_target, tiny_medusa_dir):
-    engine = Engine.from_pretrained(target=tiny_target, drafter="medusa", draft=str(tiny_medusa_dir))
-    out = engine.generate(PROMPTS[0], SamplingParams(temperature=0.8, seed=3, max_new_tokens=20, ignore_eos=True))
-    assert len(out.token_ids) == 20
+# The first token comes from the prefill; the heads draft from the second on. At this prompt and a
+# flattened p the tiny heads' tokens have middling target probability, so accepting and rejecting
+# them both matter (with T=1 they are near-certain or near-impossible and any rule looks right).
+SAMPLED = SamplingParams(temperature=2.0, top_k=3, max_new_tokens=3, ignore_eos=True)
+SAMPLED_PROMPT = [11, 12]
+NUM_SAMPLED = 1200
+
+
+def test_sampling_with_deterministic_children_follows_the_target(tiny_target, tiny_medusa_dir):
+    """Medusa's children are the heads' top tokens (q one-hot): accepted with probability p(x), and a
+    rejected x leaves the residual. The first two sampled tokens (fixed seeds) follow the target's exact
+    joint distribution (G-test), with drafts both accepted and rejected on the way."""
+    engine = Engine.from_pretrained(target=tiny_target, drafter="medusa", draft=str(tiny_medusa_dir), adaptive=False)
+    outs = [engine.generate(SAMPLED_PROMPT, dataclasses.replace(SAMPLED, seed=seed)) for seed in range(NUM_SAMPLED)]
+    accepted, drafted = sum(o.stats.num_accepted_tokens for o in outs), sum(o.stats.num_draft_tokens for o in outs)
+    assert all(o.stats.num_draft_tokens > 0 for o in outs) and 0 < accepted < drafted
+    exact = exact_joint(target_next_probs(tiny_target, SAMPLED), SAMPLED_PROMPT)
+    assert_follows([tuple(o.token_ids[:2]) for o in outs], exact)
 
 
 def test_proposal_is_a_valid_tree_bounded_by_depth(tiny_target, tiny_medusa_dir):
@@ -66,9 +84,16 @@ def test_proposal_is_a_valid_tree_bounded_by_depth(tiny_target, tiny_medusa_dir)
 
 
 def test_wrong_target_and_missing_checkpoint_are_refused(tiny_target, tiny_medusa_dir, tmp_path):
-    with pytest.raises(InvalidArgument, match="num_nodes|option"):
-        Engine.from_pretrained(target=tiny_target, drafter="medusa", draft=str(tiny_medusa_dir), width=3)
-    with pytest.raises(Exception, match="Medusa"):
+    from specdec.drafters.trained import checkpoints_dir
+
+    shipped = checkpoints_dir() / "medusa"  # trained for the embedded SmolLM2 (hidden 576, vocab 49152)
+    with pytest.raises(InvalidArgument, match=re.escape(f"Medusa heads in {str(shipped)!r} were trained for another "
+                                                        f"target (hidden 576, vocab 49152)")):
+        Engine.from_pretrained(target=tiny_target, drafter="medusa", draft=str(shipped))
+    with pytest.raises(ModelNotFound, match=re.escape(f"{str(tmp_path)!r} holds no Medusa heads "
+                                                      f"(medusa.safetensors + medusa_config.json)")):
         Engine.from_pretrained(target=tiny_target, drafter="medusa", draft=str(tmp_path))
-    with pytest.raises(InvalidArgument, match="no trained medusa"):
+    with pytest.raises(InvalidArgument, match="drafter 'medusa' takes no option width"):
+        Engine.from_pretrained(target=tiny_target, drafter="medusa", draft=str(tiny_medusa_dir), width=3)
+    with pytest.raises(InvalidArgument, match="no trained medusa drafter is shipped for the target"):
         Engine.from_pretrained(target=tiny_target, drafter="medusa")

@@ -5,6 +5,7 @@ a `finally`, so a failing test never leaves a server behind.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -31,6 +32,16 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def draft_stack(tiny_models) -> Stack:
     with running_stack(stack_config(tiny_models, "draft")) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def drafting_stack(tiny_models) -> Stack:
+    """A draft-model stack that drafts 2 tokens at every step (no adaptive or load-aware choice): every
+    step verifies a draft sent over the wire, whatever the timing (sampling and tau tests need that)."""
+    config = stack_config(tiny_models, "draft", adaptive=False, load_aware=False)
+    drafts = tuple(dataclasses.replace(d, adaptive=False, num_speculative_tokens=2) for d in config.drafts)
+    with running_stack(dataclasses.replace(config, drafts=drafts)) as stack:
         yield stack
 
 

@@ -84,7 +84,8 @@ def test_serve_config_file(tmp_path, tiny_models, reference):
         sock.bind(("127.0.0.1", 0))
         http_port = sock.getsockname()[1]
     config = tmp_path / "stack.yaml"
-    config.write_text(f"router: {{max_queue: 2, max_active_per_user: 2, http_port: {http_port}}}\n"
+    config.write_text(f"router: {{max_queue: 4, max_active_per_user: 1, max_queued_per_user: 1, "
+                      f"http_port: {http_port}}}\n"
                       f"targets:\n  - {{model: {tiny_models['target']}, dtype: float32, num_threads: 1, "
                       f"max_kv_tokens: 4096}}\n"
                       f"drafts:\n  - {{drafter: ngram, target_model: {tiny_models['target']}}}\n")
@@ -96,8 +97,42 @@ def test_serve_config_file(tmp_path, tiny_models, reference):
                                 json={"prompt": "Hello", "max_tokens": 20, "return_token_ids": True}).json()
         bad = subprocess.run([sys.executable, "-m", "specdec.cli", "generate", "", "--server", address],
                              capture_output=True, text=True, env=ENV, timeout=60)
+        per_user_caps_hold(address)
     finally:
         stop(process)
     assert out["token_ids"] == reference("ngram", "Hello", SamplingParams(max_new_tokens=20)).token_ids
     assert completion["choices"][0]["token_ids"] == out["token_ids"]
     assert bad.returncode == 2 and "prompt is empty" in bad.stderr
+
+
+def per_user_caps_hold(address: str) -> None:
+    """The file's caps reach the router: alice runs one generation and queues one; her third is refused
+    at once, while bob, under his own caps, is served beside her."""
+    import threading
+
+    from specdec.client import Client
+    from specdec.errors import ResourceExhausted
+
+    long = SamplingParams(max_new_tokens=900, ignore_eos=True)
+    short = SamplingParams(max_new_tokens=4, ignore_eos=True)
+    with Client(address) as client:
+        info = client.server_info()
+        assert (info.max_active_per_user, info.max_queued_per_user, info.max_queue) == (1, 1, 4)
+        running = client.stream([3, 1, 4], long, timeout_s=120, user="alice")
+        next(running)
+        queued: dict = {}
+        waiter = threading.Thread(target=lambda: queued.update(out=client.generate([2, 7], short, timeout_s=120,
+                                                                                    user="alice")))
+        waiter.start()
+        deadline = time.monotonic() + 30
+        while client.server_info().num_queued < 1:
+            assert time.monotonic() < deadline, "alice's second request never queued"
+            time.sleep(0.05)
+        with pytest.raises(ResourceExhausted, match=r"user 'alice': 1 of their requests already queued \(limit 1\)"):
+            client.generate([1, 1], short, timeout_s=30, user="alice")
+        assert len(client.generate([5, 5], short, timeout_s=60, user="bob").token_ids) == 4
+        users = {u.user: (u.num_active, u.num_queued) for u in client.server_info().users}
+        assert users["alice"] == (1, 1) and "out" not in queued  # still behind her running one
+        running.close()  # ends alice's first: her queued one starts
+        waiter.join(60)
+    assert len(queued["out"].token_ids) == 4

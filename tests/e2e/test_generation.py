@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 
@@ -13,6 +14,7 @@ from specdec.client import AsyncClient, Client
 from specdec.core.types import SamplingParams
 from specdec.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
 from specdec.serving_config import RouterConfig
+from distribution import assert_follows, exact_joint, target_next_probs
 from e2e.harness import running
 
 pytestmark = pytest.mark.e2e
@@ -53,6 +55,8 @@ def test_four_concurrent_clients(draft_stack, reference):
         with Client(draft_stack.address) as client:
             results[i] = client.generate(prompts[i], GREEDY, timeout_s=120).token_ids
 
+    with Client(draft_stack.address) as client:  # batching figures of the target worker, before
+        before = client.server_info().targets[0].info
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
@@ -60,22 +64,40 @@ def test_four_concurrent_clients(draft_stack, reference):
         t.join(150)
     for i, prompt in enumerate(prompts):
         assert results[i] == reference("draft", prompt, GREEDY).token_ids
-    with Client(draft_stack.address) as client:  # batching figures of the target worker
-        info = client.server_info().targets[0].info
-    assert info.num_sequence_steps >= info.num_verify_forwards > 0
-    assert 1 <= info.max_batch_seen <= info.max_batch == 8
+    with Client(draft_stack.address) as client:
+        after = client.server_info().targets[0].info
+    steps = after.num_sequence_steps - before.num_sequence_steps
+    forwards = after.num_verify_forwards - before.num_verify_forwards
+    assert steps > forwards > 0, (steps, forwards)  # some forwards verified several of the four at once
+    assert 2 <= after.max_batch_seen <= after.max_batch == 8
 
 
-def test_async_client_and_sampling(draft_stack):
+SAMPLED_PROMPT = [5, 17, 99, 3]  # the noisy draft's q differs enough from p here that rejections matter
+SAMPLED = SamplingParams(temperature=1.5, top_k=6, max_new_tokens=3, ignore_eos=True)
+NUM_SAMPLED = 300
+
+
+def test_async_client_and_sampling(drafting_stack, tiny_models):
+    """Sampled over the wire (router -> draft worker -> target, 4 requests at a time, fixed seeds): the
+    first two tokens follow the target's exact joint distribution (G-test); streaming stays whole."""
     async def go():
-        async with AsyncClient(draft_stack.address) as client:
-            params = SamplingParams(temperature=0.8, top_k=50, max_new_tokens=24, ignore_eos=True)
-            outs = await asyncio.gather(*[client.generate([1, 2, 3], params, timeout_s=60) for _ in range(2)])
+        async with AsyncClient(drafting_stack.address) as client:
+            gate = asyncio.Semaphore(4)
+
+            async def one(seed: int):
+                async with gate:
+                    return await client.generate(SAMPLED_PROMPT, dataclasses.replace(SAMPLED, seed=seed), timeout_s=60)
+
+            outs = await asyncio.gather(*[one(seed) for seed in range(NUM_SAMPLED)])
             chunks = [c async for c in client.stream([4, 5, 6], GREEDY, timeout_s=60)]
             return outs, chunks
     outs, chunks = asyncio.run(go())
-    for out in outs:
-        assert len(out.token_ids) == 24 and all(0 <= t < 49152 for t in out.token_ids)
+    assert all(len(out.token_ids) == 3 for out in outs)
+    accepted, drafted = sum(o.stats.num_accepted_tokens for o in outs), sum(o.stats.num_draft_tokens for o in outs)
+    assert all(o.stats.num_draft_tokens >= 2 for o in outs)  # every first step verified a draft
+    assert 0 < accepted < drafted  # drafts were accepted and rejected along the way
+    exact = exact_joint(target_next_probs(tiny_models["target"], SAMPLED), SAMPLED_PROMPT)
+    assert_follows([tuple(out.token_ids[:2]) for out in outs], exact)
     assert chunks[-1].output.token_ids == [t for c in chunks for t in c.token_ids]
 
 
@@ -120,15 +142,19 @@ def test_invalid_argument(draft_stack, prompt, params, message):
         client.generate(prompt, params, timeout_s=30)
 
 
-def test_invalid_sampling_params_on_the_wire(draft_stack):
+@pytest.mark.parametrize("temperature", [-1.0, 1e-40, float("inf")])
+def test_invalid_sampling_params_on_the_wire(draft_stack, temperature):
+    """1e-40 overflowed logits / T to inf in the target's float32 warp (NaN fails the batch): refused at the door."""
     from specdec.rpc.v1 import generation_pb2, generation_pb2_grpc
 
     with grpc.insecure_channel(draft_stack.address) as channel:
         request = generation_pb2.GenerateRequest(text="hi")
-        request.params.temperature = -1.0
+        request.params.temperature = temperature
+        request.params.max_new_tokens = 4
         with pytest.raises(grpc.RpcError) as err:
             list(generation_pb2_grpc.GenerationStub(channel).Generate(request, timeout=30))
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "temperature" in err.value.details()
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "temperature must be 0 (greedy) or in [0.01, 100]" in err.value.details()
 
 
 def test_bounded_queue(draft_stack):

@@ -17,7 +17,7 @@ from specdec.rpc.status import status_of, to_exception
 from specdec.rpc.trees import tree_from_pb, tree_to_pb
 from specdec.rpc.v1 import common_pb2, generation_pb2
 from specdec.serving_config import (DraftConfig, RouterConfig, TargetConfig, add_config_args, config_from_args,
-                                    config_to_argv, load_stack_config)
+                                    config_to_argv, load_stack_config, with_workers)
 
 
 @pytest.mark.parametrize("params", [
@@ -65,7 +65,24 @@ def test_tree_round_trip_with_truncated_q():
     assert all(len(row.token_ids) <= 8 for row in msg.q)  # only what was sampled from goes on the wire
     back = tree_from_pb(msg, 100, 8)
     assert back.token_ids == tree.token_ids and back.parent_ids == tree.parent_ids
-    assert torch.equal(back.q, q)  # exact: float32 both ways
+    exact = (q.double() / q.double().sum(-1, keepdim=True)).float()  # what multinomial drew from
+    assert torch.equal(back.q, exact)  # float32 both ways; renormalised in float64 on arrival
+
+
+def test_q_off_by_rounding_is_renormalised_exactly():
+    """A q within the 1e-3 tolerance but not summing to 1 is the distribution probs / sum: verification
+    divides by it, so it must be used renormalised, not as sent."""
+    probs = torch.tensor([0.5, 0.2995, 0.2])  # sums to 0.9995: accepted, off by 5e-4
+    msg = tree_to_pb(DraftTree((3, 7), (-1, 0), torch.zeros(2, 10).index_put_(
+        (torch.tensor([0, 0, 0, 1, 1, 1]), torch.tensor([3, 5, 7, 7, 1, 2])), torch.cat([probs, probs]))))
+    back = tree_from_pb(msg, 10, 8)
+    assert torch.allclose(back.q.double().sum(-1), torch.ones(2, dtype=torch.float64), atol=1e-7)
+    assert torch.allclose(back.q[0, [3, 5, 7]].double(), probs.double() / probs.double().sum(), atol=1e-7)
+    assert float(back.q[1, 7]) == pytest.approx(0.5 / 0.9995, abs=1e-7)
+    bad = tree_to_pb(DraftTree((3,), (-1,), torch.zeros(1, 10).index_put_((torch.tensor([0, 0]), torch.tensor([3, 4])),
+                                                                           torch.tensor([0.5, 0.49]))))
+    with pytest.raises(errors.InvalidArgument, match="q sums to 0.990000, not 1"):
+        tree_from_pb(bad, 10, 8)
 
 
 def test_truncate_top_n_keeps_default_untouched():
@@ -116,6 +133,32 @@ def test_yaml_deployment(tmp_path):
     assert config.drafts[0].drafter == "draft" and config.drafts[0].pipeline is False
     path.write_text("router: {colour: blue}\n")
     with pytest.raises(errors.InvalidArgument, match="colour"):
+        load_stack_config(path)
+
+
+def test_every_router_field_of_a_yaml_file_reaches_the_spawned_router(tmp_path):
+    """The launcher adds the started workers' addresses and changes nothing else (it once rebuilt the
+    config field by field and dropped the per-user caps)."""
+    import dataclasses
+
+    path = tmp_path / "stack.yaml"
+    path.write_text("router: {port: 5555, targets: [127.0.0.1:8], drafts: [127.0.0.1:9], tokenizer: /tok, "
+                    "max_active: 3, max_queue: 5, worker_timeout_s: 7.5, max_active_per_user: 2, "
+                    "max_queued_per_user: 1}\n")
+    loaded = load_stack_config(path).router
+    assert all(getattr(loaded, f.name) != f.default for f in dataclasses.fields(RouterConfig))  # every field set
+    spawned = with_workers(loaded, ("127.0.0.1:1",), ("127.0.0.1:2",))
+    parser = argparse.ArgumentParser()
+    add_config_args(parser, RouterConfig)
+    parsed = config_from_args(parser.parse_args(config_to_argv(spawned)), RouterConfig)
+    assert parsed == dataclasses.replace(loaded, targets=("127.0.0.1:1", "127.0.0.1:8"),
+                                         drafts=("127.0.0.1:2", "127.0.0.1:9"))
+
+
+def test_a_deployment_that_is_not_a_mapping_is_refused(tmp_path):
+    path = tmp_path / "stack.yaml"
+    path.write_text("- router\n")
+    with pytest.raises(errors.InvalidArgument, match="must be a mapping"):
         load_stack_config(path)
 
 
