@@ -2,7 +2,7 @@
 
 q travels sparse: each node's non-zero probabilities. A drafter that truncates its distribution to
 the top N and samples from that renormalised truncation sends exactly what it sampled from in N
-entries, which keeps verification exact and messages small (DESIGN.md, "The contract").
+entries, which keeps verification exact and messages small (docs/architecture.md, "The contract").
 `tree_from_pb` is where the target refuses a malformed distribution, with a reason, and renormalises
 an accepted one exactly (verification divides by q: a q off by 1e-3 would skew acceptance by as much).
 """

@@ -1,4 +1,4 @@
-"""Statistical losslessness of rejection sampling (DESIGN.md: "The contract").
+"""Statistical losslessness of rejection sampling (docs/architecture.md, "The contract").
 
 A synthetic language over a small vocabulary: p(. | prefix) for the target and q(. | prefix) for
 the drafter are fixed random distributions per prefix. For each drafting scheme we run many verify
