@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
-from specdec.core.tree import DraftTree
 from specdec.core.types import GenerationOutput, GenerationStats, SamplingParams
 from specdec.drafters import build_drafter
 from specdec import parallel

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.core.sampling import make_generator, warp
-from specdec.core.tree import DraftTree, TreeLayout, tree_layout
+from specdec.core.tree import DraftTree, TreeLayout
 from specdec.core.types import SamplingParams
 from specdec.core.verify import VerifyResult, verify_greedy, verify_sampling
 from specdec.models.runner import ModelRunner

@@ -4,29 +4,13 @@ tests/core/test_verify_lossless.py, which also shows broken samplers failing it)
 from __future__ import annotations
 
 import pytest
-import torch
 
-from core.test_verify_lossless import g_test_kl
+from distribution import exact_joint, g_test_kl, target_next_probs
 from specdec import Engine, SamplingParams
-from specdec.core.sampling import warp
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 NUM_DRAWS = 2000
-
-
-def exact_joint(engine: Engine, params: SamplingParams) -> dict:
-    runner = engine.runner
-    cache = runner.new_cache()
-    logits, _ = runner.forward(PROMPT, cache)
-    p1 = warp(logits[-1], params)
-    joint = {}
-    for a in torch.nonzero(p1).flatten().tolist():
-        second, _ = runner.forward(PROMPT + [a], runner.new_cache())
-        p2 = warp(second[-1], params)
-        for b in torch.nonzero(p2).flatten().tolist():
-            joint[(a, b)] = float(p1[a] * p2[b])
-    return joint
 
 
 @pytest.mark.parametrize("options, params", [
@@ -47,5 +31,5 @@ def test_sampled_tokens_follow_target_distribution(tiny_target, tiny_noisy_draft
         num_drafted += out.stats.num_draft_tokens
     # Drafts really were accepted, and rejected, along the way.
     assert NUM_DRAWS // 2 < accepted < 0.9 * num_drafted
-    kl, tolerance = g_test_kl(counts, exact_joint(engine, params), NUM_DRAWS)
+    kl, tolerance = g_test_kl(counts, exact_joint(target_next_probs(tiny_target, params), PROMPT), NUM_DRAWS)
     assert kl <= tolerance, f"KL {kl:.5f} > tolerance {tolerance:.5f}"

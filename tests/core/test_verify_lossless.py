@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from distribution import g_test_kl  # noqa: F401  (also imported from here by test_engine_sampling)
+from distribution import g_test_kl
 from specdec.core.sampling import warp
 from specdec.core.tree import DraftTree, tree_layout
 from specdec.core.types import SamplingParams
