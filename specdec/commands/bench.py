@@ -19,7 +19,7 @@ def add_parser(subparsers) -> None:
                               description="Runs Spec-Bench questions through the project's methods and the "
                                           "transformers peers on one target; writes report.json, report.md and plots.")
     p.add_argument("--questions", default=None,
-                   help="question.jsonl (default ../shared/benchmarks/spec_bench/question.jsonl from the repo root)")
+                   help="question.jsonl (default: the vendored benchmarks/spec_bench/question.jsonl)")
     p.add_argument("--questions-per-category", type=int, default=1, help="0 = all (default 1: fits 30 minutes on 2 cores)")
     p.add_argument("--categories", nargs="+", default=None, help="Spec-Bench categories (default: all six)")
     p.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
