@@ -96,10 +96,12 @@ def generate_batch(engine, prompts: list, params, max_batch: int = 8, chat: bool
         results = step_batch(engine.runner, [a[1] for a in active], trees, pool)
         budget.record(keys, trees, results, time.perf_counter() - verify_start)
         step_s = time.perf_counter() - start
-        for (key, seq, _, controller), step in zip(active, results):
+        for (key, seq, session, controller), step in zip(active, results):
             controller.record(step.depth, min(step.num_accepted, step.depth), step_s)
             if seq.finish_reason is not None:
                 outputs[key] = list(seq.generated_ids)
                 budget.remove(key)
+                if hasattr(session, "close"):  # drafters that learn from finished generations (suffix)
+                    session.close(seq.context, len(seq.prompt_ids))
         active = [a for a in active if a[1].finish_reason is None]
     return [outputs[str(i)] for i in range(len(prompts))]

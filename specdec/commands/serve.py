@@ -20,8 +20,8 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("serve", help="serve over gRPC: the local stack, a YAML deployment, or one piece")
     p.add_argument("--config", default=None, help="YAML deployment file (router, targets, drafts)")
     p.add_argument("--target", default=None, help="target checkpoint dir (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--drafter", choices=("ngram", "draft") + SELF_DRAFTERS, default="ngram",
-                   help="ngram / draft run in a draft worker; medusa / eagle heads run inside the target worker")
+    p.add_argument("--drafter", choices=("ngram", "suffix", "draft") + SELF_DRAFTERS, default="ngram",
+                   help="ngram / suffix / draft run in a draft worker; medusa / eagle heads run inside the target worker")
     p.add_argument("--draft", default=None, help="trained drafter checkpoint dir (draft, medusa, eagle)")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--port", type=int, default=0, help="router port (0 = any free port)")

@@ -40,6 +40,12 @@ def ngram_stack(tiny_models) -> Stack:
         yield stack
 
 
+@pytest.fixture(scope="module")
+def suffix_stack(tiny_models) -> Stack:
+    with running_stack(stack_config(tiny_models, "suffix")) as stack:
+        yield stack
+
+
 @pytest.fixture(scope="session")
 def reference(tiny_models):
     """In-process engines on the same checkpoints: reference(drafter, prompt, params) -> GenerationOutput."""
