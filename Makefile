@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 
-.PHONY: setup model run proto test bench bench-quick clean
+.PHONY: setup model run proto test bench bench-workloads bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,12 @@ test: model
 # (report.json, report.md, plots). About 20 minutes on 2 idle cores; pass options with BENCH_ARGS="...".
 bench: model
 	$(PY) -m specdec.cli bench --out benchmarks/results $(BENCH_ARGS)
+
+# The project's own workload prompts (code, JSON, RAG, agent loops, summaries, creative writing at
+# temperature 1.0): tau, acceptance, speedup and the accepted-length histogram per workload and drafter;
+# refreshes benchmarks/results/workloads/. Pass options with BENCH_ARGS="...".
+bench-workloads: model
+	$(PY) -m specdec.cli bench --workloads --out benchmarks/results/workloads $(BENCH_ARGS)
 
 bench-quick: model
 	$(PY) benchmarks/quick.py
