@@ -22,10 +22,11 @@ setup: $(STAMP)
 model: setup
 	$(PY) -m specdec.models.embedded
 
-# The local stack (router + draft worker + target worker, separate processes on 127.0.0.1) with one
-# sample request streamed through it; Ctrl-C stops every process.
+# The local stack (router + suffix-decoding draft worker + target worker, separate processes on
+# 127.0.0.1); one sample request goes through it speculatively and, through a second router on the same
+# target worker, plainly, side by side (tokens/s, tau, acceptance, identical output). Ctrl-C stops it all.
 run: model
-	$(PY) -m specdec.cli serve --demo
+	$(PY) -m specdec.cli serve --drafter suffix --demo
 
 # Regenerates the gRPC stubs under specdec/rpc/v1 from proto/specdec/v1 (a test fails when they are stale).
 proto: setup

@@ -1,9 +1,10 @@
 """`specdec bench --workloads`: the project's drafters on its own workload prompts, per workload.
 
 Per workload and method: tokens/s, speedup over plain decoding in the same run, tau, acceptance
-rate, and the histogram of accepted draft tokens per verify step (from the engine's stream: one
-event per step carries the step's tokens, accepted + 1; the last step of a generation may be cut
-short by EOS or the token limit). Methods run interleaved per prompt in a rotating order, as in the
+rate, the share of verify steps that carried a draft (the adaptive controller skips drafting where
+it does not pay), and the histogram of accepted draft tokens per drafted step (from the engine's
+stream: one event per step carries the step's tokens, accepted + 1; the last step of a generation
+may be cut short by EOS or the token limit). Methods run interleaved per prompt in a rotating order, as in the
 Spec-Bench runner; greedy workloads must reproduce plain decoding's tokens exactly (exit 1
 otherwise), sampled ones (creative writing, temperature 1.0) use the same seed for every method.
 Drafters that learn from earlier generations (suffix) start the run empty, after the warm-up.
@@ -58,17 +59,55 @@ class WorkloadSample:
     num_target_forwards: int
     num_draft_tokens: int
     num_accepted_tokens: int
-    accepted_lengths: list[int]  # per verify step: draft tokens accepted
+    accepted_lengths: list[int]  # per verify step that carried a draft: draft tokens accepted
+    num_undrafted_steps: int  # verify steps without a draft (plain steps)
     mismatch: bool | None  # greedy: token ids differ from plain's; None when sampled
 
 
+class _RecordingSession:
+    """A drafter session that notes the size of each draft, keyed by the context length it continues."""
+
+    def __init__(self, inner, sizes: dict[int, int]):
+        self.inner, self.sizes = inner, sizes
+
+    def propose(self, context_ids, *args, **kwargs):
+        tree = self.inner.propose(context_ids, *args, **kwargs)
+        self.sizes[len(context_ids)] = tree.num_nodes
+        return tree
+
+    def __getattr__(self, name):  # attach, needs_features, close, ...: the real session's
+        return getattr(self.inner, name)
+
+
+class _RecordingDrafter:
+    def __init__(self, inner, sizes: dict[int, int]):
+        self.inner, self.sizes = inner, sizes
+
+    def new_session(self):
+        return _RecordingSession(self.inner.new_session(), self.sizes)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
 def generate_steps(engine, prompt_ids: list[int], params: SamplingParams):
-    """(GenerationOutput, accepted draft tokens per verify step) from the engine's stream."""
-    lengths, output = [], None
-    for event in engine.stream(list(prompt_ids), params):
-        lengths.append(max(len(event.token_ids) - 1, 0))
-        output = event.output or output
-    return output, lengths
+    """(GenerationOutput, accepted draft tokens per drafted step, number of steps without a draft),
+    from the engine's stream and the drafts its drafter returned."""
+    sizes: dict[int, int] = {}
+    drafter = engine.drafter
+    engine.drafter = _RecordingDrafter(drafter, sizes) if drafter is not None else None
+    try:
+        lengths, undrafted, output, context_len = [], 0, None, len(prompt_ids)
+        for event in engine.stream(list(prompt_ids), params):
+            if sizes.get(context_len, 0) > 0:
+                lengths.append(max(len(event.token_ids) - 1, 0))
+            else:
+                undrafted += 1
+            context_len += len(event.token_ids)
+            output = event.output or output
+    finally:
+        engine.drafter = drafter
+    return output, lengths, undrafted
 
 
 def _metrics(samples: list[WorkloadSample], max_depth: int) -> dict:
@@ -80,11 +119,13 @@ def _metrics(samples: list[WorkloadSample], max_depth: int) -> dict:
     for s in samples:
         for n in s.accepted_lengths:
             histogram[min(n, max_depth)] += 1
+    drafted_steps = sum(histogram)
     checked = [s.mismatch for s in samples if s.mismatch is not None]
     return {"num_prompts": len(samples), "num_new_tokens": tokens, "elapsed_s": elapsed,
             "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0, "tau": tokens / forwards if forwards else 0.0,
             "acceptance_rate": sum(s.num_accepted_tokens for s in samples) / drafted if drafted else 0.0,
             "num_draft_tokens": drafted, "accepted_length_histogram": histogram,
+            "drafted_step_share": drafted_steps / forwards if forwards else 0.0,
             "mismatches": sum(checked) if checked else None}
 
 
@@ -188,17 +229,17 @@ def _run_prompt(config: WorkloadBenchConfig, index: int, prompt: WorkloadPrompt,
     shift = index % len(runners)
     runs = {}
     for runner in runners[shift:] + runners[:shift]:
-        out, lengths = generate_steps(runner.engine, ids, params)
-        runs[runner.spec.name] = (out, lengths)
+        out, lengths, undrafted = generate_steps(runner.engine, ids, params)
+        runs[runner.spec.name] = (out, lengths, undrafted)
         bar.set_postfix_str(f"{prompt.workload} {runner.spec.name} tau {out.stats.tau:.2f}")
         bar.update(1)
     baseline = runs[methods_mod.BASELINE][0].token_ids
     samples = []
     for runner in runners:
-        out, lengths = runs[runner.spec.name]
+        out, lengths, undrafted = runs[runner.spec.name]
         s = out.stats
         samples.append(WorkloadSample(prompt.workload, prompt.prompt_id, runner.spec.name, prompt.temperature, len(ids),
                                       s.num_new_tokens, s.elapsed_s, s.num_target_forwards, s.num_draft_tokens,
-                                      s.num_accepted_tokens, lengths,
+                                      s.num_accepted_tokens, lengths, undrafted,
                                       None if sampled else out.token_ids != baseline))
     return samples

@@ -26,7 +26,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--port", type=int, default=0, help="router port (0 = any free port)")
     p.add_argument("--no-pipeline", action="store_true", help="draft worker waits for each verify result")
-    p.add_argument("--demo", action="store_true", help="once ready, stream one sample request through the stack")
+    p.add_argument("--demo", action="store_true",
+                   help="once ready, decode one sample request through the stack plainly and speculatively, side by side")
     p.set_defaults(run=run_stack)
     pieces = p.add_subparsers(dest="piece", required=False, metavar="{router,draft,target}")
     for name, (cls, module) in PIECES.items():
@@ -61,30 +62,20 @@ def run_stack(args: argparse.Namespace) -> int:
         print(f"specdec stack ready: router on {stack.address} "
               f"(targets {', '.join(p.address for p in stack.targets)}; "
               f"drafts {', '.join(p.address for p in stack.drafts) or 'none'})", flush=True)
-        if args.demo:
-            demo(stack.address)
+        if args.demo:  # the same request plainly and speculatively, side by side (specdec/demo.py)
+            from specdec.demo import served
+
+            served(stack, demo_drafter(config))
+            print(f"\nThe stack keeps serving on {stack.address}; try `specdec generate --server {stack.address} "
+                  f"...`. Ctrl-C stops it.", flush=True)
         stop.wait()
     finally:
         stack.stop()
     return 0
 
 
-DEMO_PROMPT = "Write a short JSON object describing a cat named Tom, then repeat it with the age changed."
-
-
-def demo(address: str) -> None:
-    """What `make run` shows: a request streaming through router -> draft worker -> target worker."""
-    from specdec.client import Client
-    from specdec.core.types import SamplingParams
-
-    print(f"\n$ specdec generate --server {address} --chat {DEMO_PROMPT!r}\n", flush=True)
-    with Client(address) as client:
-        for chunk in client.stream(DEMO_PROMPT, SamplingParams(max_new_tokens=96), chat=True, timeout_s=300):
-            sys.stdout.write(chunk.text)
-            sys.stdout.flush()
-            if chunk.output is not None:
-                s = chunk.output.stats
-                print(f"\n[{s.num_new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f}, "
-                      f"acceptance {s.acceptance_rate:.2f}, {chunk.output.finish_reason}]")
-    print(f"\nThe stack keeps serving on {address}; try `specdec generate --server {address} ...`. Ctrl-C stops it.",
-          flush=True)
+def demo_drafter(config: StackConfig) -> str:
+    """The drafter the stack speculates with, for the demo's label."""
+    if config.drafts:
+        return config.drafts[0].drafter
+    return config.targets[0].drafter if config.targets else "none"

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_proposals_respect_depth_and_node_limits():
-    session = SuffixDrafter(SuffixConfig(min_token_prob=0.0)).new_session()
+    session = SuffixDrafter(SuffixConfig(min_token_prob=0.0, spec_factor=1.0)).new_session()
     context = list(range(50, 80)) + [1] + list(range(50, 60))  # a 10-token match of a 30-token run
     full = session.propose(context, 16, GREEDY, None)
     assert list(full.token_ids) == list(range(60, 70)) and full.q is None  # spec_factor 1: 10 nodes
@@ -49,7 +49,7 @@ def test_session_resynchronises_after_a_rollback():
 
 
 def test_global_store_learns_from_closed_generations_only():
-    drafter = SuffixDrafter(SuffixConfig(min_token_prob=0.0))
+    drafter = SuffixDrafter(SuffixConfig(min_token_prob=0.0, spec_factor=1.0))
     prompt, output = [1, 2, 3, 4], [20, 21, 22, 23, 24, 25]
     first = drafter.new_session()
     assert first.propose(prompt, 8, GREEDY, None).num_nodes == 0

@@ -60,6 +60,19 @@ def test_suffix_draft_worker_learns_from_finished_requests(suffix_stack, referen
     assert again.stats.num_accepted_tokens > first.stats.num_accepted_tokens
 
 
+def test_served_demo_decodes_plainly_and_speculatively(suffix_stack, monkeypatch, capsys):
+    """`make run`'s demo: the same request through the stack and through a drafter-less router on the
+    same target worker; identical greedy output, the plain side really without drafts."""
+    from specdec import demo
+
+    monkeypatch.setattr(demo, "PARAMS", SamplingParams(max_new_tokens=24, ignore_eos=True))
+    plain, spec = demo.served(suffix_stack, "suffix")
+    assert plain.token_ids == spec.token_ids and len(plain.token_ids) == 24
+    assert plain.tau == 1.0 and plain.num_target_forwards == 24
+    out = capsys.readouterr().out
+    assert "--- speculative (suffix) ---" in out and "--- plain ---" in out and "identical output: yes" in out
+
+
 def test_four_concurrent_clients(draft_stack, reference):
     prompts = [[7, 8, 9, i] for i in range(4)]
     results: dict[int, list[int]] = {}
