@@ -6,7 +6,7 @@ router on the same target worker with no draft worker, which is plain decoding o
 and the same process. `python -m specdec.demo` does the same in process. Both print tokens/s,
 tau, acceptance and whether the two outputs are identical (greedy: they must be).
 
-The prompt is a code edit: the answer re-emits most of the code it was given, which is where a
+The prompt is a code fix: the answer re-emits most of the code it was given, which is where a
 drafter that copies from the context (suffix decoding, prompt lookup) pays on any hardware.
 """
 from __future__ import annotations
@@ -17,11 +17,10 @@ from dataclasses import dataclass
 
 from specdec.core.types import SamplingParams
 
-PROMPT = ("Rename the variable `items` to `records` everywhere in this function and change nothing else. "
-          "Output only the code.\n\n```python\ndef summarize(items):\n    total = 0\n    count = 0\n"
-          "    for item in items:\n        if item[\"active\"]:\n            total += item[\"amount\"]\n"
-          "            count += 1\n    average = total / count if count else 0.0\n"
-          "    return {\"total\": total, \"count\": count, \"average\": average, \"items\": len(items)}\n```")
+PROMPT = ("Fix the typo in this Python function (`retrun` should be `return`) and output the whole corrected "
+          "function, nothing else.\n\n```python\ndef parse_line(line):\n    parts = line.strip().split(\",\")\n"
+          "    name = parts[0]\n    age = int(parts[1])\n    city = parts[2]\n"
+          "    retrun {\"name\": name, \"age\": age, \"city\": city}\n```")
 PARAMS = SamplingParams(max_new_tokens=128)
 
 
@@ -81,7 +80,7 @@ def served(stack, drafter: str) -> tuple[Run, Run]:
         wait_ready(plain_router, 60.0)
         print(f"\nThe same request twice, greedy: through {stack.address} (router -> {drafter} draft worker -> "
               f"target worker)\nand through {plain_router.address} (a router on the same target worker, no drafter)."
-              f"\n\n$ specdec generate --server ADDRESS --chat {PROMPT!r}", flush=True)
+              f"\n\nPrompt (one chat turn, up to {PARAMS.max_new_tokens} new tokens):\n{PROMPT}", flush=True)
         with Client(stack.address) as spec_client, Client(plain_router.address) as plain_client:
             warm = SamplingParams(max_new_tokens=4)  # first calls pay one-off set-up; not what we measure
             spec_client.generate("Hi", warm, chat=True, timeout_s=120)
@@ -107,7 +106,7 @@ def main() -> int:
     plain = Engine(target, None, EngineConfig())
     for engine in (spec, plain):  # warm-up (a different prompt, so no drafter has seen the answer)
         engine.generate("Hi", SamplingParams(max_new_tokens=4), chat=True)
-    print(f"prompt: {PROMPT}", flush=True)
+    print(f"Prompt (one chat turn, greedy, up to {PARAMS.max_new_tokens} new tokens):\n{PROMPT}", flush=True)
     spec_run = stream_run(f"speculative ({drafter})", spec.stream(PROMPT, PARAMS, chat=True))
     plain_run = stream_run("plain", plain.stream(PROMPT, PARAMS, chat=True))
     print("\n" + comparison(plain_run, spec_run))
