@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 
-.PHONY: setup model run proto test bench bench-quick clean
+.PHONY: setup model run proto test bench bench-workloads bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,12 +22,14 @@ setup: $(STAMP)
 model: setup
 	$(PY) -m specdec.models.embedded
 
-# The local stack (router + draft worker + target worker, separate processes on 127.0.0.1) with one
-# sample request streamed through it; the router's OpenAI-compatible HTTP API listens on
-# http://127.0.0.1:$(HTTP_PORT)/v1 (`make run HTTP_PORT=...` for another port). Ctrl-C stops every process.
+# The local stack (router + suffix-decoding draft worker + target worker, separate processes on
+# 127.0.0.1); one sample request goes through it speculatively and, through a second router on the same
+# target worker, plainly, side by side (tokens/s, tau, acceptance, identical output). The router's
+# OpenAI-compatible HTTP API listens on http://127.0.0.1:$(HTTP_PORT)/v1 (`make run HTTP_PORT=...`).
+# Ctrl-C stops it all.
 HTTP_PORT ?= 8000
 run: model
-	$(PY) -m specdec.cli serve --demo --http-port $(HTTP_PORT)
+	$(PY) -m specdec.cli serve --drafter suffix --demo --http-port $(HTTP_PORT)
 
 # Regenerates the gRPC stubs under specdec/rpc/v1 from proto/specdec/v1 (a test fails when they are stale).
 proto: setup
@@ -40,6 +42,12 @@ test: model
 # (report.json, report.md, plots). About 20 minutes on 2 idle cores; pass options with BENCH_ARGS="...".
 bench: model
 	$(PY) -m specdec.cli bench --out benchmarks/results $(BENCH_ARGS)
+
+# The project's own workload prompts (code, JSON, RAG, agent loops, summaries, creative writing at
+# temperature 1.0): tau, acceptance, speedup and the accepted-length histogram per workload and drafter;
+# refreshes benchmarks/results/workloads/. Pass options with BENCH_ARGS="...".
+bench-workloads: model
+	$(PY) -m specdec.cli bench --workloads --out benchmarks/results/workloads $(BENCH_ARGS)
 
 bench-quick: model
 	$(PY) benchmarks/quick.py

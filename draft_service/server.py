@@ -39,6 +39,10 @@ def build_drafter(config: DraftConfig):
         from specdec.drafters.ngram import NgramConfig, NgramDrafter
 
         return NgramDrafter(NgramConfig(num_branches=config.tree_width)), "", 0
+    if config.drafter == "suffix":  # its global store of earlier outputs is this worker's own
+        from specdec.drafters.suffix import SuffixDrafter
+
+        return SuffixDrafter(), "", 0
     from transformers import AutoConfig, AutoTokenizer
 
     from specdec.drafters import RANDOM_DRAFT, no_draft_model_reason

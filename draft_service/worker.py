@@ -112,10 +112,12 @@ class DraftWorker:
 
     def release(self, seq_id: str) -> bool:
         with self.lock:
-            found = self.seqs.pop(seq_id, None) is not None
+            seq = self.seqs.pop(seq_id, None)
             self.policy.remove(seq_id)
-            self.num_served += found
-            return found
+            self.num_served += seq is not None
+        if seq is not None and hasattr(seq.session, "close"):  # drafters that learn from finished generations
+            seq.session.close(seq.context, seq.prompt_len)
+        return seq is not None
 
     def info(self) -> tuple[list[str], int]:
         with self.lock:
@@ -166,6 +168,8 @@ class DraftWorker:
 
     def _on_commit(self, seq: DraftSeq, commit: target_pb2.Commit) -> None:
         if commit.finish_reason:
+            if commit.version == seq.version + 1:  # the last tokens too, for drafters that keep the output
+                seq.context.extend(commit.token_ids)
             self.release(seq.seq_id)
             return
         if commit.version <= seq.version:

@@ -40,5 +40,7 @@ def generate_batch(engine, prompts: list, params, max_batch: int = 8, chat: bool
             if entry.seq.finish_reason is not None:
                 outputs[entry.key] = list(entry.seq.generated_ids)
                 policy.remove(entry.key)
+                if hasattr(entry.session, "close"):  # drafters that learn from finished generations (suffix)
+                    entry.session.close(entry.seq.context, len(entry.seq.prompt_ids))
         active = [e for e in active if e.seq.finish_reason is None]
     return [outputs[str(i)] for i in range(len(prompts))]

@@ -162,4 +162,6 @@ class Engine:
         stats = GenerationStats(len(seq.generated_ids), num_forwards, num_drafted, num_accepted,
                                 time.perf_counter() - start, draft_s, verify_s, seq.prefill_s)
         output = GenerationOutput(list(seq.generated_ids), seq.text.text, stats, seq.finish_reason, prompt_ids)
+        if hasattr(session, "close"):  # drafters that learn from finished generations (suffix) keep this one
+            session.close(seq.context, len(prompt_ids))
         yield StreamEvent(step.text, step.token_ids, output)

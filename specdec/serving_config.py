@@ -57,7 +57,7 @@ class TargetConfig:
 
 @dataclass(frozen=True)
 class DraftConfig:
-    drafter: str = "ngram"  # ngram | draft
+    drafter: str = "ngram"  # ngram | suffix | draft
     # Draft checkpoint dir (drafter draft). None = the one shipped for the embedded target (refused for
     # any other target); "random" = an untrained stand-in, for tests only.
     model: str | None = None
@@ -73,8 +73,8 @@ class DraftConfig:
     num_threads: int = 0
 
     def __post_init__(self) -> None:
-        if self.drafter not in ("ngram", "draft"):
-            raise InvalidArgument(f"drafter must be ngram or draft, got {self.drafter!r}")
+        if self.drafter not in ("ngram", "suffix", "draft"):
+            raise InvalidArgument(f"drafter must be ngram, suffix or draft, got {self.drafter!r}")
         if (self.num_speculative_tokens < 1 or self.tree_width < 1 or self.q_top_n < 0
                 or not 0.0 <= self.pipeline_min_hit <= 1.0):
             raise InvalidArgument(f"invalid draft config {self}")

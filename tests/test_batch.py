@@ -12,6 +12,7 @@ PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7], [40, 41], [11, 12, 13, 11, 12, 13, 11, 12, 
 
 
 @pytest.mark.parametrize("config", [dict(drafter="none"), dict(drafter="ngram", num_branches=2),
+                                    dict(drafter="suffix", min_token_prob=0.0),
                                     dict(drafter="draft", tree_width=2, num_speculative_tokens=3)],
                          ids=lambda c: c["drafter"])
 def test_batched_greedy_equals_alone(tiny_target, tiny_noisy_draft, config):

@@ -22,6 +22,8 @@ CONFIGS = [
     dict(drafter="ngram"),
     dict(drafter="ngram", num_branches=3),
     dict(drafter="ngram", adaptive=False, num_speculative_tokens=5),
+    dict(drafter="suffix"),
+    dict(drafter="suffix", adaptive=False, num_speculative_tokens=6, min_token_prob=0.0),
     dict(drafter="draft"),
     dict(drafter="draft", tree_width=2, num_speculative_tokens=4),
     dict(drafter="draft", adaptive=False, num_speculative_tokens=3),

@@ -7,4 +7,6 @@ same target, machine and questions in one run, so the ratios it reports are comp
     report.py     per method per category figures, JSON and Markdown
     plots.py      speedup against acceptance rate; speedup per category per method
     main.py       one call from options to files on disk (what `specdec bench` runs)
+    workloads.py, workload_bench.py, workload_report.py
+                  the project's own workload prompts per workload (`specdec bench --workloads`)
 """

@@ -14,13 +14,12 @@ from pathlib import Path
 from specdec.bench import methods as methods_mod
 from specdec.bench import plots
 from specdec.bench.machine import machine_info, versions
-from specdec.bench.questions import CATEGORIES, load_questions
+from specdec.bench.questions import CATEGORIES, DEFAULT_QUESTIONS, load_questions
 from specdec.bench.report import SCHEMA, aggregate, goals, mismatch_counts, render_markdown
 from specdec.bench.runner import ModeConfig, Sample, run_mode, warm_up
 from specdec.errors import InvalidArgument
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_QUESTIONS = "../shared/benchmarks/spec_bench/question.jsonl"  # relative to the repo root
 
 
 @dataclass(frozen=True)

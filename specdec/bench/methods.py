@@ -52,6 +52,8 @@ METHODS = (
     MethodSpec("ngram", "specdec", "prompt lookup, chain", "ngram", peer="hf-lookup"),
     MethodSpec("ngram-tree", "specdec", "prompt lookup, trie of 4 continuations", "ngram",
                (("num_branches", 4),), peer="hf-lookup"),
+    MethodSpec("suffix", "specdec", "suffix decoding: tries over the request and earlier outputs, "
+               "a tree of the most frequent continuations", "suffix"),
     MethodSpec("draft", "specdec", "draft model, chain", "draft", peer="hf-assisted"),
     MethodSpec("draft-tree", "specdec", "draft model, tree of width 2", "draft", (("tree_width", 2),),
                peer="hf-assisted"),
@@ -83,7 +85,7 @@ def resolve_methods(names: list[str] | tuple[str, ...] | None) -> tuple[MethodSp
 
 def checkpoint_for(spec: MethodSpec, target: LoadedModel, checkpoints: dict[str, str]) -> str | None:
     """The trained checkpoint a specdec method loads: named by the user, else shipped for this target."""
-    if spec.family != "specdec" or spec.drafter in ("none", "ngram"):
+    if spec.family != "specdec" or spec.drafter in ("none", "ngram", "suffix"):
         return None
     if spec.drafter in checkpoints:
         return checkpoints[spec.drafter]
@@ -136,6 +138,11 @@ class SpecdecMethod:
         s = out.stats
         return MethodResult(out.token_ids, s.elapsed_s, s.num_target_forwards, s.num_draft_tokens,
                             s.num_accepted_tokens, s.draft_s, s.verify_s, s.prefill_s)
+
+    def reset(self) -> None:
+        """Forget what the drafter learnt from earlier generations (the suffix drafter's global store)."""
+        if hasattr(self.engine.drafter, "reset"):
+            self.engine.drafter.reset()
 
 
 @contextmanager

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from specdec.errors import InvalidArgument
 
+# The vendored question file (with its license and source in benchmarks/spec_bench/), relative to the repo root.
+DEFAULT_QUESTIONS = "benchmarks/spec_bench/question.jsonl"
 MT_BENCH_SUBCATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")  # Spec-Bench's order
 

@@ -89,6 +89,9 @@ def run_mode(mode: ModeConfig, questions: list[Question], prompts: list[list[int
     names = [m.spec.name for m in methods]
     if BASELINE not in names:
         raise InvalidArgument(f"the method list must include the baseline {BASELINE!r}")
+    for method in methods:  # no question may be drafted from its own answer in an earlier mode or the warm-up
+        if hasattr(method, "reset"):
+            method.reset()
     samples: list[Sample] = []
     for index, (question, prompt_ids) in enumerate(zip(questions, prompts)):
         params = mode.params(index)

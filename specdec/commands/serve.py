@@ -20,8 +20,8 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("serve", help="serve over gRPC: the local stack, a YAML deployment, or one piece")
     p.add_argument("--config", default=None, help="YAML deployment file (router, targets, drafts)")
     p.add_argument("--target", default=None, help="target checkpoint dir (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--drafter", choices=("ngram", "draft") + SELF_DRAFTERS, default="ngram",
-                   help="ngram / draft run in a draft worker; medusa / eagle heads run inside the target worker")
+    p.add_argument("--drafter", choices=("ngram", "suffix", "draft") + SELF_DRAFTERS, default="ngram",
+                   help="ngram / suffix / draft run in a draft worker; medusa / eagle heads run inside the target worker")
     p.add_argument("--draft", default=None, help="trained drafter checkpoint dir (draft, medusa, eagle)")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--port", type=int, default=0, help="router gRPC port (0 = any free port)")
@@ -30,7 +30,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--api-keys-file", default=None,
                    help="API keys, one per line, required by both APIs (also env SPECDEC_API_KEYS)")
     p.add_argument("--no-pipeline", action="store_true", help="draft worker waits for each verify result")
-    p.add_argument("--demo", action="store_true", help="once ready, stream one sample request through the stack")
+    p.add_argument("--demo", action="store_true",
+                   help="once ready, decode one sample request through the stack plainly and speculatively, side by side")
     p.set_defaults(run=run_stack)
     pieces = p.add_subparsers(dest="piece", required=False, metavar="{router,draft,target}")
     for name, (cls, module) in PIECES.items():
@@ -68,34 +69,25 @@ def run_stack(args: argparse.Namespace) -> int:
               f"drafts {', '.join(p.address for p in stack.drafts) or 'none'})"
               + (f"; OpenAI-compatible HTTP API on http://{stack.http_address}/v1" if stack.http_address else ""),
               flush=True)
-        if args.demo:
-            demo(stack.address, stack.http_address)
+        if args.demo:  # the same request plainly and speculatively, side by side (specdec/demo.py)
+            from specdec.demo import served
+
+            served(stack, demo_drafter(config))
+            print(f"\nThe stack keeps serving on {stack.address}; try `specdec generate --server {stack.address} "
+                  f"...`", flush=True)
+            if stack.http_address:
+                print(f"or the OpenAI-compatible API: curl http://{stack.http_address}/v1/chat/completions "
+                      """-H 'Content-Type: application/json' -d '{"messages": [{"role": "user", "content": "Hi!"}]}'""",
+                      flush=True)
+            print("Ctrl-C stops it.", flush=True)
         stop.wait()
     finally:
         stack.stop()
     return 0
 
 
-DEMO_PROMPT = "Write a short JSON object describing a cat named Tom, then repeat it with the age changed."
-
-
-def demo(address: str, http_address: str = "") -> None:
-    """What `make run` shows: a request streaming through router -> draft worker -> target worker."""
-    from specdec.client import Client
-    from specdec.core.types import SamplingParams
-
-    print(f"\n$ specdec generate --server {address} --chat {DEMO_PROMPT!r}\n", flush=True)
-    with Client(address) as client:
-        for chunk in client.stream(DEMO_PROMPT, SamplingParams(max_new_tokens=96), chat=True, timeout_s=300):
-            sys.stdout.write(chunk.text)
-            sys.stdout.flush()
-            if chunk.output is not None:
-                s = chunk.output.stats
-                print(f"\n[{s.num_new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f}, "
-                      f"acceptance {s.acceptance_rate:.2f}, {chunk.output.finish_reason}]")
-    print(f"\nThe stack keeps serving on {address}; try `specdec generate --server {address} ...`", flush=True)
-    if http_address:
-        print(f"or the OpenAI-compatible API: curl http://{http_address}/v1/chat/completions "
-              """-H 'Content-Type: application/json' -d '{"messages": [{"role": "user", "content": "Hi!"}]}'""",
-              flush=True)
-    print("Ctrl-C stops it.", flush=True)
+def demo_drafter(config: StackConfig) -> str:
+    """The drafter the stack speculates with, for the demo's label."""
+    if config.drafts:
+        return config.drafts[0].drafter
+    return config.targets[0].drafter if config.targets else "none"

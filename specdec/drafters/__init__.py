@@ -3,12 +3,13 @@ from __future__ import annotations
 
 from specdec.errors import InvalidArgument
 
-DRAFTERS = ("none", "ngram", "draft", "medusa", "eagle")
+DRAFTERS = ("none", "ngram", "suffix", "draft", "medusa", "eagle")
 
 # Options each drafter accepts through Engine.from_pretrained(**drafter_options).
 DRAFTER_OPTIONS = {
     "none": set(),
     "ngram": {"max_ngram", "min_ngram", "num_branches"},
+    "suffix": {"max_depth", "spec_factor", "min_token_prob", "num_nodes", "global_tokens"},
     "draft": {"tree_width", "q_top_n"},
     "medusa": {"num_nodes"},
     "eagle": {"num_nodes", "top_k", "depth"},
@@ -39,6 +40,10 @@ def build_drafter(name: str, target, draft_path, options: dict, dtype):
         from specdec.drafters.ngram import NgramConfig, NgramDrafter
 
         return NgramDrafter(NgramConfig(**options))
+    if name == "suffix":
+        from specdec.drafters.suffix import SuffixConfig, SuffixDrafter
+
+        return SuffixDrafter(SuffixConfig(**options))
     if name in ("medusa", "eagle"):
         from specdec.drafters.trained import build_self_drafter
 

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import torch
 
-QUESTIONS = Path(__file__).resolve().parents[2].parent / "shared" / "benchmarks" / "spec_bench" / "question.jsonl"
 
 
 def forward_cost_ms(runner, num_context: int = 300, repeats: int = 10) -> float:
@@ -37,10 +36,11 @@ def forward_cost_ms(runner, num_context: int = 300, repeats: int = 10) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     from specdec import Engine, SamplingParams
-    from specdec.bench.questions import load_questions
+    from specdec.bench.main import resolve_questions_path
+    from specdec.bench.questions import DEFAULT_QUESTIONS, load_questions
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--questions", default=str(QUESTIONS))
+    p.add_argument("--questions", default=DEFAULT_QUESTIONS, help="default: the vendored Spec-Bench file")
     p.add_argument("--per-category", type=int, default=1)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--methods", default="none,draft,medusa,eagle")
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="JSON results file")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    questions = load_questions(args.questions, args.per_category)
+    questions = load_questions(resolve_questions_path(args.questions), args.per_category)
     methods = args.methods.split(",")
     engines = {m: Engine.from_pretrained(drafter=m, adaptive=not args.no_adaptive,
                                          num_speculative_tokens=args.num_speculative_tokens) for m in methods}

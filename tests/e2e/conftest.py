@@ -51,6 +51,12 @@ def ngram_stack(tiny_models) -> Stack:
         yield stack
 
 
+@pytest.fixture(scope="module")
+def suffix_stack(tiny_models) -> Stack:
+    with running_stack(stack_config(tiny_models, "suffix")) as stack:
+        yield stack
+
+
 @pytest.fixture(scope="session")
 def http_stack(tiny_models) -> Stack:
     """A draft-model stack shared by the HTTP API's test modules (one start instead of one per module)."""

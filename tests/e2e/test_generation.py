@@ -22,7 +22,7 @@ GREEDY = SamplingParams(max_new_tokens=48, ignore_eos=True)
 PROMPTS = ["The quick brown fox", [5, 17, 99, 3, 5, 17, 99, 3, 5, 17], "Once upon a time, in a land far away"]
 
 
-@pytest.mark.parametrize("drafter", ["draft", "ngram"])
+@pytest.mark.parametrize("drafter", ["draft", "ngram", "suffix"])
 def test_greedy_matches_in_process(request, reference, drafter):
     stack = request.getfixturevalue(f"{drafter}_stack")
     with Client(stack.address) as client:
@@ -45,6 +45,34 @@ def test_draft_model_is_accepted_and_streamed(draft_stack, reference):
     assert out.stats.num_accepted_tokens > 0 and out.stats.num_target_forwards < 48
     assert [t for c in chunks for t in c.token_ids] == out.token_ids
     assert "".join(c.text for c in chunks) == out.text
+
+
+def test_suffix_draft_worker_learns_from_finished_requests(suffix_stack, reference):
+    """The draft worker's global store gets each released sequence's output: the same request again is
+    drafted from the first answer (fewer target forwards) and still decodes to the same tokens."""
+    prompt = [8, 30, 2, 71, 9]
+    with Client(suffix_stack.address) as client:
+        first = client.generate(prompt, GREEDY, timeout_s=60)
+        deadline = time.monotonic() + 10
+        again = client.generate(prompt, GREEDY, timeout_s=60)
+        while again.stats.num_target_forwards >= first.stats.num_target_forwards and time.monotonic() < deadline:
+            again = client.generate(prompt, GREEDY, timeout_s=60)  # the release may trail the first answer
+    assert first.token_ids == again.token_ids == reference("suffix", prompt, GREEDY).token_ids
+    assert again.stats.num_target_forwards < first.stats.num_target_forwards
+    assert again.stats.num_accepted_tokens > first.stats.num_accepted_tokens
+
+
+def test_served_demo_decodes_plainly_and_speculatively(suffix_stack, monkeypatch, capsys):
+    """`make run`'s demo: the same request through the stack and through a drafter-less router on the
+    same target worker; identical greedy output, the plain side really without drafts."""
+    from specdec import demo
+
+    monkeypatch.setattr(demo, "PARAMS", SamplingParams(max_new_tokens=24, ignore_eos=True))
+    plain, spec = demo.served(suffix_stack, "suffix")
+    assert plain.token_ids == spec.token_ids and len(plain.token_ids) == 24
+    assert plain.tau == 1.0 and plain.num_target_forwards == 24
+    out = capsys.readouterr().out
+    assert "--- speculative (suffix) ---" in out and "--- plain ---" in out and "identical output: yes" in out
 
 
 def test_four_concurrent_clients(draft_stack, reference):
