@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from distribution import assert_follows, exact_joint, target_next_probs
 from specdec import Engine, SamplingParams
 from specdec.core.tree import DraftTree
 from specdec.drafters.medusa import MedusaHeads, load_medusa
-from specdec.errors import InvalidArgument
+from specdec.errors import InvalidArgument, ModelNotFound
 
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7], [40, 41, 42, 43, 1, 2], [11, 12]]
 GREEDY = SamplingParams(max_new_tokens=32, ignore_eos=True)
@@ -83,9 +84,16 @@ def test_proposal_is_a_valid_tree_bounded_by_depth(tiny_target, tiny_medusa_dir)
 
 
 def test_wrong_target_and_missing_checkpoint_are_refused(tiny_target, tiny_medusa_dir, tmp_path):
-    with pytest.raises(InvalidArgument, match="num_nodes|option"):
-        Engine.from_pretrained(target=tiny_target, drafter="medusa", draft=str(tiny_medusa_dir), width=3)
-    with pytest.raises(Exception, match="Medusa"):
+    from specdec.drafters.trained import checkpoints_dir
+
+    shipped = checkpoints_dir() / "medusa"  # trained for the embedded SmolLM2 (hidden 576, vocab 49152)
+    with pytest.raises(InvalidArgument, match=re.escape(f"Medusa heads in {str(shipped)!r} were trained for another "
+                                                        f"target (hidden 576, vocab 49152)")):
+        Engine.from_pretrained(target=tiny_target, drafter="medusa", draft=str(shipped))
+    with pytest.raises(ModelNotFound, match=re.escape(f"{str(tmp_path)!r} holds no Medusa heads "
+                                                      f"(medusa.safetensors + medusa_config.json)")):
         Engine.from_pretrained(target=tiny_target, drafter="medusa", draft=str(tmp_path))
-    with pytest.raises(InvalidArgument, match="no trained medusa"):
+    with pytest.raises(InvalidArgument, match="drafter 'medusa' takes no option width"):
+        Engine.from_pretrained(target=tiny_target, drafter="medusa", draft=str(tiny_medusa_dir), width=3)
+    with pytest.raises(InvalidArgument, match="no trained medusa drafter is shipped for the target"):
         Engine.from_pretrained(target=tiny_target, drafter="medusa")
