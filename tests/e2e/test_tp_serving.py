@@ -2,11 +2,13 @@
 
 Greedy output through router -> ngram draft worker -> target worker at --tp 2 equals the in-process
 engine at tp 1 token for token (batched verification included); so does SmolLM2 at --tp 3 (9 query /
-3 key-value heads), and a seeded sampling request. A degree that does not split the heads is refused
+3 key-value heads), and a seeded sampling request; sampled tokens at --tp 2 follow the target's exact
+distribution. A degree that does not split the heads is refused
 before any rank starts, and a dead rank stops the whole group.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from distribution import assert_follows, exact_joint, target_next_probs
 from e2e.harness import READY_TIMEOUT_S, running, running_stack, stack_config
 from specdec.client import Client
 from specdec.core.types import SamplingParams
@@ -69,23 +72,51 @@ def test_concurrent_requests_are_batched_across_ranks(tp2_stack, reference):
     assert info.max_batch_seen >= 2  # three sequences at once: some forwards verified several
 
 
-def test_seeded_sampling_tp2_equals_tp1(tiny_models, one_thread):
-    """In-target ngram at a fixed depth: the trees, and so the draws, do not depend on timing."""
-    from specdec.engine import Engine
-
+@pytest.fixture(scope="module")
+def tp2_self_drafting(tiny_models):
+    """A router and the tiny target at --tp 2 drafting for itself with prompt lookup at a fixed depth (no
+    draft worker, no adaptive or load-aware choice): the trees, and so the draws, do not depend on timing."""
     target = TargetConfig(model=str(tiny_models["target"]), dtype="float32", num_threads=1, tp=2, drafter="ngram",
                           adaptive=False, load_aware=False)
+    with running_stack(alone(target)) as stack:
+        yield stack
+
+
+def test_seeded_sampling_tp2_equals_tp1(tp2_self_drafting, tiny_models, one_thread):
+    from specdec.engine import Engine
+
     params = SamplingParams(temperature=0.9, top_k=40, seed=1234, max_new_tokens=24, ignore_eos=True)
     prompt = "one two one two one two one"
     engine = Engine.from_pretrained(str(tiny_models["target"]), drafter="ngram", dtype="float32", adaptive=False)
     want = engine.generate(prompt, params).token_ids
-    with running_stack(alone(target)) as stack, Client(stack.address) as client:
+    with Client(tp2_self_drafting.address) as client:
         assert client.generate(prompt, params, timeout_s=120).token_ids == want
         # Unseeded, rank 0's draws reach the followers too: a follower that drew differently would
         # commit other tokens, and the next step's check would stop the group (failing the greedy call).
         unseeded = SamplingParams(temperature=0.9, top_k=40, max_new_tokens=24, ignore_eos=True)
         assert len(client.generate(prompt, unseeded, timeout_s=120).token_ids) == 24
         assert client.generate(prompt, GREEDY, timeout_s=120).token_ids == engine.generate(prompt, GREEDY).token_ids
+
+
+# Prompt lookup proposes 367, 3 (what followed the earlier 11, 1000); the tiny target gives 367 a
+# probability of about 0.4 here, so the draft is accepted and rejected in comparable shares.
+LOOKUP_PROMPT = [11, 1000, 367, 3, 11, 1000]
+SAMPLED = SamplingParams(temperature=1.5, top_k=6, max_new_tokens=3, ignore_eos=True)
+NUM_SAMPLED = 400
+
+
+def test_sampling_at_tp2_follows_the_target(tp2_self_drafting, tiny_models):
+    """Sampled through the router at --tp 2, 4 requests at a time, fixed seeds: the first two tokens follow
+    the target's exact joint distribution (G-test, exact p from an unsplit float32 forward)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with Client(tp2_self_drafting.address) as client, ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda seed: client.generate(LOOKUP_PROMPT, dataclasses.replace(SAMPLED, seed=seed),
+                                                          timeout_s=120), range(NUM_SAMPLED)))
+    accepted, drafted = sum(o.stats.num_accepted_tokens for o in outs), sum(o.stats.num_draft_tokens for o in outs)
+    assert all(o.stats.num_draft_tokens > 0 for o in outs) and 0 < accepted < drafted
+    exact = exact_joint(target_next_probs(tiny_models["target"], SAMPLED), LOOKUP_PROMPT)
+    assert_follows([tuple(o.token_ids[:2]) for o in outs], exact)
 
 
 def test_smollm2_tp3_equals_tp1(one_thread):
