@@ -10,6 +10,7 @@ forward over prompt + common prefix), which shows whether a flip is a near-tie.
 
     python benchmarks/flip_rate.py --per-category 3 --dtypes float32
     python benchmarks/flip_rate.py --per-category 1 --dtypes bfloat16 --max-new-tokens 64
+    python benchmarks/flip_rate.py --render benchmarks/results/flip_rate_*.json   # one table of both
 
 Writes <out>.json (every generation) and <out>.md (the table). The adaptive controller follows
 measured times, so which trees get verified, and so which flips occur, can vary from run to run.
@@ -63,6 +64,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--out", default=None, help="output path without suffix (default: "
                    "benchmarks/results/flip_rate_<dtypes>)")
+    p.add_argument("--render", nargs="+", default=None, metavar="JSON",
+                   help="run nothing: merge these result files into one table at --out")
     args = p.parse_args(argv)
     args.dtypes = tuple(d for d in args.dtypes.split(",") if d)
     args.drafters = tuple(d for d in args.drafters.split(",") if d)
@@ -71,7 +74,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--drafters must name some of {', '.join(DRAFTERS)}, got {','.join(args.drafters)!r}")
     if args.per_category < 1 or args.max_new_tokens < 1:
         p.error("--per-category and --max-new-tokens must be >= 1")
-    args.out = args.out or f"benchmarks/results/flip_rate_{'_'.join(args.dtypes)}"
+    args.out = args.out or ("benchmarks/results/flip_rate" if args.render else
+                            f"benchmarks/results/flip_rate_{'_'.join(args.dtypes)}")
     return args
 
 
@@ -174,19 +178,35 @@ def table(report: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
+def describe(s: dict) -> str:
+    return (f"- {', '.join(s['dtypes'])}: {s['num_questions']} Spec-Bench questions ({s['per_category']} per "
+            f"category), {s['max_new_tokens']} new tokens, chat template, {s['target']}, torch {s['torch']}, "
+            f"{s['threads']} thread(s), CPU flags {' '.join(s['cpu_flags']) or 'unknown'}, "
+            f"{s.get('elapsed_s', 0) / 60:.0f} min: `{s['command']}`\n")
+
+
 def write(report: dict, out: str) -> None:
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
-    s = report["settings"]
-    header = (f"Greedy flip rate: {s['num_questions']} Spec-Bench questions ({s['per_category']} per category), "
-              f"{s['max_new_tokens']} new tokens, chat template, {s['target']}, torch {s['torch']}, "
-              f"CPU flags {' '.join(s['cpu_flags']) or 'unknown'}.\n\n`{s['command']}`\n\n")
+    runs = report.get("runs") or [report["settings"]]
+    header = "Greedy flip rate, speculative against plain decoding.\n\n" + "".join(map(describe, runs)) + "\n"
     path.with_suffix(".md").write_text(header + table(report))
+
+
+def render(paths: list[str], out: str) -> dict:
+    """One report from several runs (say float32 and bfloat16, run separately with different sizes)."""
+    reports = [json.loads(Path(p).read_text()) for p in paths]
+    merged = {"runs": [r["settings"] for r in reports], "records": [rec for r in reports for rec in r["records"]]}
+    write(merged, out)
+    return merged
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.render:
+        print(table(render(args.render, args.out)))
+        return 0
     if not Path(args.questions).is_file():
         print(f"flip_rate: error: question file {args.questions!r} does not exist", file=sys.stderr)
         return 2
