@@ -1,4 +1,5 @@
-"""Greedy through router -> draft worker -> target worker equals the in-process engine, token for token."""
+"""Through router -> draft worker -> target worker: greedy equals the in-process engine token for token, and
+sampled tokens follow the target's exact distribution."""
 from __future__ import annotations
 
 import asyncio
