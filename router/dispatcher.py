@@ -16,8 +16,10 @@ from typing import Callable, Iterator, Protocol
 import grpc
 
 from router.admission import Admission
+from router.limits import check_request, derive_limits
 from router.pool import WorkerPool
 from router.prompts import PromptEncoder
+from router.tokenize_pool import TokenizePool
 from specdec.core.types import GenerationStats
 from specdec.errors import InvalidArgument, ServerError
 from specdec.rpc.convert import params_from_pb, params_to_pb, prompt_from_pb, stats_to_pb
@@ -58,6 +60,10 @@ class Dispatcher:
         for index in range(1, len(config.targets)):
             self.refresh_target(index, TARGET_INFO_TIMEOUT_S)
         self.encoder = PromptEncoder(config.tokenizer or target_info.model_path, target_info.vocab_size)
+        self.limits = derive_limits(target_info.max_context_len, self.encoder.longest_token_bytes(),
+                                    config.max_prompt_bytes, config.max_stop_strings, config.max_stop_bytes,
+                                    config.max_messages)
+        self.tokenizing = TokenizePool(self.encoder, config.tokenize_threads)
 
     def any_target_healthy(self) -> bool:
         return any(worker.healthy for worker in self.targets.workers)
@@ -67,7 +73,9 @@ class Dispatcher:
         """Stream one generation. `fill_context`: an unset max_new_tokens means the rest of the context
         (what OpenAI's chat API promises; at most what a target's KV cache can hold) instead of
         SamplingParams' default."""
-        prompt_ids = self.encoder.encode(prompt_from_pb(request), request.chat)
+        check_request(request, self.limits)  # by size, before anything is copied or tokenized
+        prompt_ids = self.tokenizing.encode(prompt_from_pb(request), request.chat, call.is_active,
+                                            lambda: time_remaining(call))
         max_len = self.target_info.max_context_len
         if fill_context and not request.params.HasField("max_new_tokens"):
             room = [n for n in (max_len, self.admission.largest_request_tokens()) if n]

@@ -97,10 +97,19 @@ class RouterConfig:
     # API keys, one per line, that both the HTTP API and the gRPC Generation service then require (also
     # env SPECDEC_API_KEYS, comma-separated); none configured = no check.
     api_keys_file: str | None = None
+    # Bounds on one request (router.limits): a text prompt's UTF-8 bytes (0 = derived from the model's
+    # context and its longest token: never refuses a prompt that fits), stop strings, chat messages.
+    max_prompt_bytes: int = 0
+    max_stop_strings: int = 16
+    max_stop_bytes: int = 256
+    max_messages: int = 512
+    tokenize_threads: int = 2  # long prompts are tokenized on this many threads at once (router.tokenize_pool)
 
     def __post_init__(self) -> None:
         if (self.max_active < 1 or self.max_queue < 0 or self.worker_timeout_s <= 0 or self.max_active_per_user < 0
-                or self.max_queued_per_user < 0 or self.http_port < -1):
+                or self.max_queued_per_user < 0 or self.http_port < -1 or self.max_prompt_bytes < 0
+                or self.max_stop_strings < 0 or self.max_stop_bytes < 1 or self.max_messages < 1
+                or self.tokenize_threads < 1):
             raise InvalidArgument(f"invalid router config {self}")
 
 
