@@ -25,7 +25,8 @@ class TargetConfig:
     draft_wait_s: float = 2.0
     max_missed_drafts: int = 2  # after this many waits in a row without a draft, stop waiting
     max_tree_nodes: int = 64
-    max_sequences: int = 64
+    max_sequences: int = 64  # admitted at once; beyond: RESOURCE_EXHAUSTED at once
+    max_draft_links: int = 16  # draft workers' Verify streams at once; beyond: RESOURCE_EXHAUSTED
     max_batch: int = 8  # ready sequences verified together in one forward (1 = one at a time)
     # Once one sequence is ready, wait up to this long for the other sequences' drafts, so the sequences
     # of a step stay in one batch (their drafts arrive milliseconds apart). 0 = step whatever is ready.
@@ -50,7 +51,7 @@ class TargetConfig:
 
     def __post_init__(self) -> None:
         if (self.draft_wait_s < 0 or self.batch_wait_s < 0 or self.max_missed_drafts < 0 or self.max_tree_nodes < 1
-                or self.max_sequences < 1
+                or self.max_sequences < 1 or self.max_draft_links < 1
                 or self.max_batch < 1 or self.max_kv_tokens < 0 or self.tp < 1):
             raise InvalidArgument(f"invalid target config {self}")
 

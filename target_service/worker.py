@@ -21,7 +21,7 @@ from specdec.batch_cache import BatchCache
 from specdec.core.tree import DraftTree, tree_layout
 from specdec.core.types import SamplingParams
 from specdec.engine import Engine
-from specdec.errors import Internal, InvalidArgument, Unavailable
+from specdec.errors import Internal, InvalidArgument, ResourceExhausted, Unavailable
 from specdec.policy import NO_CAP, is_sampled
 from specdec.rpc.trees import tree_from_pb
 from specdec.rpc.v1 import target_pb2
@@ -81,6 +81,7 @@ class TargetWorker:
         self.model_lock = threading.Lock()
         self.mirror = mirror or Mirror()  # tensor-parallel followers replay every model call (none at tp 1)
         self.seqs: dict[str, SeqState] = {}
+        self.links: set[DrafterLink] = set()  # open Verify streams
         self.num_served = 0
         self.num_verify_forwards = self.num_sequence_steps = self.max_batch_seen = 0  # batching figures
         self.policy = engine.new_policy(load_aware=config.load_aware)  # under cond
@@ -128,10 +129,21 @@ class TargetWorker:
         state.outbox.put(None)
         return True
 
+    def open_link(self) -> DrafterLink:
+        """A draft worker's Verify stream; RESOURCE_EXHAUSTED beyond max_draft_links of them."""
+        with self.cond:
+            if len(self.links) >= self.config.max_draft_links:
+                raise ResourceExhausted(f"{len(self.links)} draft workers are connected, the limit "
+                                        f"(--max-draft-links)")
+            link = DrafterLink()
+            self.links.add(link)
+            return link
+
     def drop_link(self, link: DrafterLink) -> None:
         """A draft worker's stream ended: its sequences decode on without it."""
         with self.cond:
             link.alive = False
+            self.links.discard(link)
             for state in self.seqs.values():
                 state.drafters.discard(link)
             self.cond.notify_all()
