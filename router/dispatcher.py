@@ -29,6 +29,7 @@ from specdec.serving_config import RouterConfig
 log = logging.getLogger(__name__)
 RELEASE_TIMEOUT_S = 2.0
 TARGET_INFO_TIMEOUT_S = 2.0
+PROBE_TIMEOUT_S = 1.0  # a draft worker back from the bench must answer this fast to be used
 MAX_USER_LEN = 256
 NO_DEADLINE_S = 1e8  # grpc reports "no deadline" as a huge time remaining
 
@@ -99,7 +100,7 @@ class Dispatcher:
     def _generate(self, target_index, prompt_ids, params, call: Call):
         start = time.perf_counter()
         target = self.targets.workers[target_index]
-        draft = self.drafts.acquire()
+        draft = self._draft_worker(call)
         seq_id = uuid.uuid4().hex
         admit = target.stub.Admit(target_pb2.AdmitRequest(
             sequence_id=seq_id, prompt_ids=prompt_ids, params=params_to_pb(params), expect_drafts=draft is not None),
@@ -122,6 +123,24 @@ class Dispatcher:
             if draft is not None:
                 self._release(draft, seq_id)
                 self.drafts.release(draft)
+
+    def _draft_worker(self, call: Call):
+        """A draft worker for the next sequence, or None. One back from the bench is asked first
+        whether it is alive: the target would otherwise wait `draft_wait_s` for drafts that never come."""
+        draft = self.drafts.acquire()
+        if draft is None or not draft.on_probation:
+            return draft
+        remaining = time_remaining(call)
+        try:
+            draft.stub.GetWorkerInfo(common_pb2.WorkerInfoRequest(),
+                                     timeout=min(PROBE_TIMEOUT_S, remaining or PROBE_TIMEOUT_S))
+        except grpc.RpcError as exc:
+            log.warning("draft worker %s still down (%s): decoding without drafts", draft.address, exc.code())
+            self.drafts.bench(draft)
+            self.drafts.release(draft)
+            return None
+        self.drafts.cleared(draft)
+        return draft
 
     def _attach(self, draft, target_address, seq_id, prompt_ids, params, call: Call):
         """Assign the draft worker; without it the target simply decodes alone."""

@@ -145,7 +145,9 @@ class TargetWorker:
             link.alive = False
             self.links.discard(link)
             for state in self.seqs.values():
-                state.drafters.discard(link)
+                if link in state.drafters:
+                    state.drafters.discard(link)
+                    state.expect_drafts = False  # that worker is gone: no wait for it (a live one still counts)
             self.cond.notify_all()
         link.outbox.put(None)
 
