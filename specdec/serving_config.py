@@ -35,6 +35,9 @@ class TargetConfig:
     # life, so a full cache refuses admission (RESOURCE_EXHAUSTED) instead of failing mid-generation.
     # 0 = max_sequences x the model's context (room for every slot at full length).
     max_kv_tokens: int = 0
+    # A prompt is prefilled this many tokens at a time, one chunk between decode steps, so running
+    # streams slow down by a chunk's forward per step instead of waiting for a whole long prompt.
+    prefill_chunk_tokens: int = 256
     num_threads: int = 0  # torch intra-op threads; 0 = torch's default
     # Tensor-parallel degree: the worker runs as this many processes that split the model (rank 0
     # serves gRPC, the others follow it); it must divide the attention and key-value head counts.
@@ -51,7 +54,7 @@ class TargetConfig:
 
     def __post_init__(self) -> None:
         if (self.draft_wait_s < 0 or self.batch_wait_s < 0 or self.max_missed_drafts < 0 or self.max_tree_nodes < 1
-                or self.max_sequences < 1 or self.max_draft_links < 1
+                or self.max_sequences < 1 or self.max_draft_links < 1 or self.prefill_chunk_tokens < 1
                 or self.max_batch < 1 or self.max_kv_tokens < 0 or self.tp < 1):
             raise InvalidArgument(f"invalid target config {self}")
 

@@ -10,7 +10,7 @@ import grpc
 
 from specdec.rpc.convert import params_from_pb
 from specdec.rpc.server import run_until_signalled, start_server
-from specdec.rpc.v1 import common_pb2, target_pb2, target_pb2_grpc
+from specdec.rpc.v1 import common_pb2, target_pb2_grpc
 from specdec.serving_config import TargetConfig, add_config_args, config_from_args
 from target_service.worker import TargetWorker
 
@@ -35,8 +35,7 @@ class TargetServicer(target_pb2_grpc.TargetWorkerServicer):
         params = params_from_pb(request.params)
         state = self.worker.admit(request.sequence_id, list(request.prompt_ids), params, request.expect_drafts)
         context.add_callback(lambda: self.worker.release(request.sequence_id))  # cancel, deadline or end
-        yield target_pb2.Commit(sequence_id=request.sequence_id, version=0, prefill_s=state.seq.prefill_s)
-        yield from _drain(state.outbox, context)
+        yield from _drain(state.outbox, context)  # first the version-0 message, once prefilled
 
     def Release(self, request, context):
         return common_pb2.ReleaseResponse(released=self.worker.release(request.sequence_id))
