@@ -16,8 +16,10 @@ from typing import Callable, Iterator, Protocol
 import grpc
 
 from router.admission import Admission
+from router.limits import check_request, derive_limits
 from router.pool import WorkerPool
 from router.prompts import PromptEncoder
+from router.tokenize_pool import TokenizePool
 from specdec.core.types import GenerationStats
 from specdec.errors import InvalidArgument, ServerError
 from specdec.rpc.convert import params_from_pb, params_to_pb, prompt_from_pb, stats_to_pb
@@ -27,6 +29,7 @@ from specdec.serving_config import RouterConfig
 log = logging.getLogger(__name__)
 RELEASE_TIMEOUT_S = 2.0
 TARGET_INFO_TIMEOUT_S = 2.0
+PROBE_TIMEOUT_S = 1.0  # a draft worker back from the bench must answer this fast to be used
 MAX_USER_LEN = 256
 NO_DEADLINE_S = 1e8  # grpc reports "no deadline" as a huge time remaining
 
@@ -58,6 +61,10 @@ class Dispatcher:
         for index in range(1, len(config.targets)):
             self.refresh_target(index, TARGET_INFO_TIMEOUT_S)
         self.encoder = PromptEncoder(config.tokenizer or target_info.model_path, target_info.vocab_size)
+        self.limits = derive_limits(target_info.max_context_len, self.encoder.longest_token_bytes(),
+                                    config.max_prompt_bytes, config.max_stop_strings, config.max_stop_bytes,
+                                    config.max_messages)
+        self.tokenizing = TokenizePool(self.encoder, config.tokenize_threads)
 
     def any_target_healthy(self) -> bool:
         return any(worker.healthy for worker in self.targets.workers)
@@ -67,7 +74,9 @@ class Dispatcher:
         """Stream one generation. `fill_context`: an unset max_new_tokens means the rest of the context
         (what OpenAI's chat API promises; at most what a target's KV cache can hold) instead of
         SamplingParams' default."""
-        prompt_ids = self.encoder.encode(prompt_from_pb(request), request.chat)
+        check_request(request, self.limits)  # by size, before anything is copied or tokenized
+        prompt_ids = self.tokenizing.encode(prompt_from_pb(request), request.chat, call.is_active,
+                                            lambda: time_remaining(call))
         max_len = self.target_info.max_context_len
         if fill_context and not request.params.HasField("max_new_tokens"):
             room = [n for n in (max_len, self.admission.largest_request_tokens()) if n]
@@ -91,7 +100,7 @@ class Dispatcher:
     def _generate(self, target_index, prompt_ids, params, call: Call):
         start = time.perf_counter()
         target = self.targets.workers[target_index]
-        draft = self.drafts.acquire()
+        draft = self._draft_worker(call)
         seq_id = uuid.uuid4().hex
         admit = target.stub.Admit(target_pb2.AdmitRequest(
             sequence_id=seq_id, prompt_ids=prompt_ids, params=params_to_pb(params), expect_drafts=draft is not None),
@@ -114,6 +123,24 @@ class Dispatcher:
             if draft is not None:
                 self._release(draft, seq_id)
                 self.drafts.release(draft)
+
+    def _draft_worker(self, call: Call):
+        """A draft worker for the next sequence, or None. One back from the bench is asked first
+        whether it is alive: the target would otherwise wait `draft_wait_s` for drafts that never come."""
+        draft = self.drafts.acquire()
+        if draft is None or not draft.on_probation:
+            return draft
+        remaining = time_remaining(call)
+        try:
+            draft.stub.GetWorkerInfo(common_pb2.WorkerInfoRequest(),
+                                     timeout=min(PROBE_TIMEOUT_S, remaining or PROBE_TIMEOUT_S))
+        except grpc.RpcError as exc:
+            log.warning("draft worker %s still down (%s): decoding without drafts", draft.address, exc.code())
+            self.drafts.bench(draft)
+            self.drafts.release(draft)
+            return None
+        self.drafts.cleared(draft)
+        return draft
 
     def _attach(self, draft, target_address, seq_id, prompt_ids, params, call: Call):
         """Assign the draft worker; without it the target simply decodes alone."""

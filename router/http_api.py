@@ -17,6 +17,7 @@ releases the sequence at every worker. Errors have OpenAI's shape and the status
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import os
@@ -52,6 +53,7 @@ STATUS_OF_CODE = {  # gRPC status of the dispatcher's error -> (HTTP status, Ope
     grpc.StatusCode.UNAVAILABLE: (503, "server_error"),
     grpc.StatusCode.DEADLINE_EXCEEDED: (504, "timeout_error"),
 }
+JSON_EXPANSION = 6  # JSON may spell one byte of text as six (\u0001): a valid request's largest body
 PARAM_OF_MESSAGE = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed",
                     "max_new_tokens": "max_tokens", "stop": "stop", "user": "user", "prompt": "prompt",
                     "chat": "messages"}
@@ -127,10 +129,7 @@ class OpenAIApp:
     async def _generate(self, request: Request, chat: bool):
         try:
             self.keys.check(request.headers.get("authorization"))
-            try:
-                body = await request.json()
-            except ValueError:
-                raise bad_request("the request body is not valid JSON", None) from None
+            body = await _read_json(request, JSON_EXPANSION * self.dispatcher.limits.max_request_bytes)
             parsed = parse_request(body, chat, self.model_id)
             timeout_s = _timeout_s(request.headers.get(TIMEOUT_HEADER))
         except Exception as exc:  # noqa: BLE001 - every refusal gets OpenAI's error shape
@@ -164,6 +163,28 @@ async def _events(builder: ResponseBuilder, first, events: AsyncIterator, chat: 
     except Exception as exc:  # noqa: BLE001 - after the 200 the error travels as an event
         yield sse(api_error(exc, chat).body())
     yield SSE_DONE
+
+
+async def _read_json(request: Request, max_bytes: int):
+    """The JSON body, refused (413) as soon as it is known to be larger than any valid request can be."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > max_bytes:
+        raise _too_large(length, max_bytes)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > max_bytes:
+            raise _too_large(f"more than {max_bytes}", max_bytes)
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise bad_request("the request body is not valid JSON", None) from None
+
+
+def _too_large(size: str, max_bytes: int) -> ApiError:
+    return ApiError(413, f"the request body is {size} bytes; the limit is {max_bytes} (max_prompt_bytes and the "
+                    f"other request limits, as JSON)",
+                    code="request_too_large")
 
 
 def _timeout_s(header: str | None) -> float | None:

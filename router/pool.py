@@ -1,7 +1,9 @@
 """Worker choice: the healthy worker with the fewest sequences assigned by this router.
 
 A worker whose call fails with UNAVAILABLE is benched for `bench_s` and then tried again, so a
-restarted worker rejoins without anyone telling the router.
+restarted worker rejoins without anyone telling the router. Back from the bench it is on probation
+until a call to it succeeds: callers that would pay for its silence (a target told to expect drafts
+waits for them) check it first with a quick call (`on_probation`, `cleared`).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ class Worker:
     stub: object
     num_assigned: int = 0
     benched_until: float = 0.0
+    on_probation: bool = False  # benched before, not yet seen answering since
 
     @property
     def healthy(self) -> bool:
@@ -48,3 +51,9 @@ class WorkerPool:
     def bench(self, worker: Worker) -> None:
         with self.lock:
             worker.benched_until = time.monotonic() + self.bench_s
+            worker.on_probation = True
+
+    def cleared(self, worker: Worker) -> None:
+        """It answered: off probation."""
+        with self.lock:
+            worker.on_probation = False

@@ -3,6 +3,8 @@
 tokenizer.json is read with `tokenizers`; the chat template (chat_template.jinja, or the
 `chat_template` key of tokenizer_config.json) is rendered the way transformers renders it:
 a sandboxed jinja2 environment with trim_blocks / lstrip_blocks and the special tokens as variables.
+Text is encoded through `encode_batch`, which (unlike `encode`) lets go of the GIL while it runs, so
+a long prompt being tokenized never stalls the router's other threads.
 """
 from __future__ import annotations
 
@@ -59,16 +61,27 @@ class PromptEncoder:
             if self.tokenizer is None:
                 raise InvalidArgument("this model has no tokenizer: pass the prompt as a list of token ids")
             if not chat:
-                return self.tokenizer.encode(prompt).ids
+                return self._encode(prompt, add_special_tokens=True)
             prompt = [{"role": "user", "content": prompt}]
         if isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
             if self.tokenizer is None or self.template is None:
                 raise InvalidArgument("chat messages need a tokenizer with a chat template")
             text = self.template.render(messages=prompt, add_generation_prompt=True, **self.special)
-            return self.tokenizer.encode(text, add_special_tokens=False).ids
+            return self._encode(text, add_special_tokens=False)
         if not prompt:
             raise InvalidArgument("prompt is empty")
         for token in prompt:
             if not isinstance(token, int) or not 0 <= token < self.vocab_size:
                 raise InvalidArgument(f"prompt token id {token!r} is outside the vocabulary [0, {self.vocab_size})")
         return list(prompt)
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+
+    def longest_token_bytes(self) -> int:
+        """The most UTF-8 bytes of text one token stands for (0 without a tokenizer)."""
+        if self.tokenizer is None:
+            return 0
+        size = self.tokenizer.get_vocab_size()
+        texts = self.tokenizer.decode_batch([[i] for i in range(size)], skip_special_tokens=False)
+        return max(len(text.encode("utf-8")) for text in texts)

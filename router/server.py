@@ -94,7 +94,8 @@ def serve(config: RouterConfig) -> int:
     servicer = GenerationServicer(dispatcher)
     running = start_server(lambda s: generation_pb2_grpc.add_GenerationServicer_to_server(servicer, s),
                            ["specdec.v1.Generation"], config.port,
-                           interceptors=[ApiKeyInterceptor(keys)] if keys.enabled else ())
+                           interceptors=[ApiKeyInterceptor(keys)] if keys.enabled else (),
+                           max_receive_bytes=dispatcher.limits.max_request_bytes)
     http = None
     if config.http_port >= 0:
         from router.http_api import start_http

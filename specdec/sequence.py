@@ -5,6 +5,10 @@ asks each Sequence to `verify` its tree against its logits, commits the KV cache
 Sequence `commit_verified`: version, tokens, stop checks. Every path (engine, batching, target
 worker, tensor-parallel followers) drives sequences through that one step, which is why the
 distributed paths match the engine token for token.
+
+Prefill puts every prompt token but the last in the cache. In process it runs at once; the target
+worker opens a sequence unprefilled and feeds its prompt in chunks between other sequences' decode
+steps (`prefill_chunk`), so a long prompt never holds the model for seconds while streams wait.
 """
 from __future__ import annotations
 
@@ -33,7 +37,8 @@ class StepResult:
 
 class Sequence:
     def __init__(self, runner: ModelRunner, prompt_ids: list[int], params: SamplingParams,
-                 tokenizer=None, eos_ids: frozenset[int] = frozenset(), keep_features: bool = False):
+                 tokenizer=None, eos_ids: frozenset[int] = frozenset(), keep_features: bool = False,
+                 prefill: bool = True):
         self.runner = runner
         self.params = params
         self.prompt_ids = list(prompt_ids)
@@ -49,13 +54,30 @@ class Sequence:
         # keep_features: the target feature of every cached position, in cache order, as chunks
         # [rows, hidden] (an EAGLE-style head runs its own layer over all of them); off by default.
         self.feature_chunks: list[torch.Tensor] | None = [] if keep_features else None
+        self.num_prefilled = 0  # prompt tokens in the cache; the cache holds every committed token but the last
+        self.prefill_s = 0.0
+        if prefill:
+            self.prefill_chunk()
+
+    @property
+    def prefilled(self) -> bool:
+        return self.num_prefilled >= len(self.prompt_ids) - 1
+
+    def prefill_chunk(self, max_tokens: int | None = None) -> int:
+        """Put the next prompt tokens in the cache (at most max_tokens; None = the rest); returns how many."""
+        end = len(self.prompt_ids) - 1
+        if max_tokens is not None:
+            end = min(end, self.num_prefilled + max_tokens)
+        if end <= self.num_prefilled:
+            return 0
         start = time.perf_counter()
-        if len(prompt_ids) > 1:  # the cache holds every committed token but the last
-            _, hidden = runner.forward(self.prompt_ids[:-1], self.cache, want_logits=False)
-            self.hidden = hidden[-1].clone()  # its LM-head output predicts the root: what Medusa heads read first
-            if self.feature_chunks is not None:
-                self.feature_chunks.append(hidden)
-        self.prefill_s = time.perf_counter() - start
+        _, hidden = self.runner.forward(self.prompt_ids[self.num_prefilled:end], self.cache, want_logits=False)
+        self.hidden = hidden[-1].clone()  # its LM-head output predicts the root: what Medusa heads read first
+        if self.feature_chunks is not None:
+            self.feature_chunks.append(hidden)
+        num_tokens, self.num_prefilled = end - self.num_prefilled, end
+        self.prefill_s += time.perf_counter() - start
+        return num_tokens
 
     @property
     def generated_ids(self) -> list[int]:

@@ -25,7 +25,8 @@ class TargetConfig:
     draft_wait_s: float = 2.0
     max_missed_drafts: int = 2  # after this many waits in a row without a draft, stop waiting
     max_tree_nodes: int = 64
-    max_sequences: int = 64
+    max_sequences: int = 64  # admitted at once; beyond: RESOURCE_EXHAUSTED at once
+    max_draft_links: int = 16  # draft workers' Verify streams at once; beyond: RESOURCE_EXHAUSTED
     max_batch: int = 8  # ready sequences verified together in one forward (1 = one at a time)
     # Once one sequence is ready, wait up to this long for the other sequences' drafts, so the sequences
     # of a step stay in one batch (their drafts arrive milliseconds apart). 0 = step whatever is ready.
@@ -34,6 +35,9 @@ class TargetConfig:
     # life, so a full cache refuses admission (RESOURCE_EXHAUSTED) instead of failing mid-generation.
     # 0 = max_sequences x the model's context (room for every slot at full length).
     max_kv_tokens: int = 0
+    # A prompt is prefilled this many tokens at a time, one chunk between decode steps, so running
+    # streams slow down by a chunk's forward per step instead of waiting for a whole long prompt.
+    prefill_chunk_tokens: int = 256
     num_threads: int = 0  # torch intra-op threads; 0 = torch's default
     # Tensor-parallel degree: the worker runs as this many processes that split the model (rank 0
     # serves gRPC, the others follow it); it must divide the attention and key-value head counts.
@@ -50,7 +54,7 @@ class TargetConfig:
 
     def __post_init__(self) -> None:
         if (self.draft_wait_s < 0 or self.batch_wait_s < 0 or self.max_missed_drafts < 0 or self.max_tree_nodes < 1
-                or self.max_sequences < 1
+                or self.max_sequences < 1 or self.max_draft_links < 1 or self.prefill_chunk_tokens < 1
                 or self.max_batch < 1 or self.max_kv_tokens < 0 or self.tp < 1):
             raise InvalidArgument(f"invalid target config {self}")
 
@@ -99,10 +103,19 @@ class RouterConfig:
     # API keys, one per line, that both the HTTP API and the gRPC Generation service then require (also
     # env SPECDEC_API_KEYS, comma-separated); none configured = no check.
     api_keys_file: str | None = None
+    # Bounds on one request (router.limits): a text prompt's UTF-8 bytes (0 = derived from the model's
+    # context and its longest token: never refuses a prompt that fits), stop strings, chat messages.
+    max_prompt_bytes: int = 0
+    max_stop_strings: int = 16
+    max_stop_bytes: int = 256
+    max_messages: int = 512
+    tokenize_threads: int = 2  # long prompts are tokenized on this many threads at once (router.tokenize_pool)
 
     def __post_init__(self) -> None:
         if (self.max_active < 1 or self.max_queue < 0 or self.worker_timeout_s <= 0 or self.max_active_per_user < 0
-                or self.max_queued_per_user < 0 or self.http_port < -1):
+                or self.max_queued_per_user < 0 or self.http_port < -1 or self.max_prompt_bytes < 0
+                or self.max_stop_strings < 0 or self.max_stop_bytes < 1 or self.max_messages < 1
+                or self.tokenize_threads < 1):
             raise InvalidArgument(f"invalid router config {self}")
 
 

@@ -2,7 +2,9 @@
 
 A sequence is ready when its draft is in, when it needs none (in-target drafting, or a load-aware
 budget of 0), or when its drafters had their chance (`draft_wait_s`; after `max_missed_drafts`
-misses in a row we stop waiting for them). The sequences of one step get their commits together,
+misses in a row we stop waiting for them). A drafter that was promised but has no live stream here
+(it has not connected yet, or it died) gets one `draft_wait_s`, never more: a dead draft worker
+costs at most one wait. The sequences of one step get their commits together,
 and their drafts come back a few milliseconds apart (one drafting thread serves them in turn). A
 step that took the first ready sequence alone would split the batch for good: every later step
 would find the sequences out of phase, and each would verify alone. So once one sequence is
@@ -19,7 +21,7 @@ def readiness(state, needs_draft: bool, now: float, config) -> tuple[bool, float
     if state.pending is not None or not needs_draft:
         return True, 0.0
     live = any(link.alive for link in state.drafters)
-    if not (live or state.expect_drafts) or state.missed >= config.max_missed_drafts:
+    if not live and (not state.expect_drafts or state.missed >= 1) or state.missed >= config.max_missed_drafts:
         return True, 0.0
     left = state.version_since + config.draft_wait_s - now
     return left <= 0, max(left, 0.0)

@@ -9,13 +9,15 @@ from specdec.engine import Engine
 from specdec.sequence import Sequence
 
 
-def open_sequence(engine: Engine, prompt_ids: list[int], params: SamplingParams) -> tuple[Sequence, object | None]:
-    """Prefill a Sequence; with an in-target drafter, also its drafting session (attached if it reads features)."""
+def open_sequence(engine: Engine, prompt_ids: list[int], params: SamplingParams,
+                  prefill: bool = True) -> tuple[Sequence, object | None]:
+    """A Sequence (prefilled, or left for `prefill_chunk`); with an in-target drafter, also its drafting
+    session (attached if it reads features: heads read them lazily, once the sequence decodes)."""
     if engine.drafter is None:
-        return Sequence(engine.runner, prompt_ids, params, engine.tokenizer, engine.eos_ids), None
+        return Sequence(engine.runner, prompt_ids, params, engine.tokenizer, engine.eos_ids, prefill=prefill), None
     session = engine.drafter.new_session()
     extra = {"keep_features": True} if getattr(session, "needs_features", False) else {}
-    seq = Sequence(engine.runner, prompt_ids, params, engine.tokenizer, engine.eos_ids, **extra)
+    seq = Sequence(engine.runner, prompt_ids, params, engine.tokenizer, engine.eos_ids, prefill=prefill, **extra)
     if hasattr(session, "attach"):  # self-drafting heads read the target's features
         session.attach(seq)
     return seq, session

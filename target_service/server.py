@@ -10,11 +10,21 @@ import grpc
 
 from specdec.rpc.convert import params_from_pb
 from specdec.rpc.server import run_until_signalled, start_server
-from specdec.rpc.v1 import common_pb2, target_pb2, target_pb2_grpc
+from specdec.rpc.v1 import common_pb2, target_pb2_grpc
 from specdec.serving_config import TargetConfig, add_config_args, config_from_args
-from target_service.worker import DrafterLink, TargetWorker
+from target_service.worker import TargetWorker
 
 POLL_S = 0.5  # how often a blocked stream checks that its call is still alive
+# Threads for short calls (Release, GetWorkerInfo, health, refusals) beyond the long-lived streams.
+SHORT_CALL_THREADS = 16
+
+
+def rpc_threads(config: TargetConfig) -> int:
+    """gRPC threads, and the most calls in progress at once. Every long-lived stream is bounded (one
+    Admit per admitted sequence, one Verify per draft link), and these bounds leave SHORT_CALL_THREADS
+    free: no caller holding streams, however many it opens, can take the thread a router's call needs.
+    Beyond the total a call is refused at once (RESOURCE_EXHAUSTED) rather than left waiting."""
+    return config.max_sequences + config.max_draft_links + SHORT_CALL_THREADS
 
 
 class TargetServicer(target_pb2_grpc.TargetWorkerServicer):
@@ -25,14 +35,13 @@ class TargetServicer(target_pb2_grpc.TargetWorkerServicer):
         params = params_from_pb(request.params)
         state = self.worker.admit(request.sequence_id, list(request.prompt_ids), params, request.expect_drafts)
         context.add_callback(lambda: self.worker.release(request.sequence_id))  # cancel, deadline or end
-        yield target_pb2.Commit(sequence_id=request.sequence_id, version=0, prefill_s=state.seq.prefill_s)
-        yield from _drain(state.outbox, context)
+        yield from _drain(state.outbox, context)  # first the version-0 message, once prefilled
 
     def Release(self, request, context):
         return common_pb2.ReleaseResponse(released=self.worker.release(request.sequence_id))
 
     def Verify(self, request_iterator, context):
-        link = DrafterLink()
+        link = self.worker.open_link()
 
         def read() -> None:
             try:
@@ -110,7 +119,8 @@ def serve(config: TargetConfig) -> int:
     worker = TargetWorker(engine, config, mirror)
     mirror.start(worker.model_lock)
     running = start_server(lambda s: target_pb2_grpc.add_TargetWorkerServicer_to_server(TargetServicer(worker), s),
-                           ["specdec.v1.TargetWorker"], config.port)
+                           ["specdec.v1.TargetWorker"], config.port, max_workers=rpc_threads(config),
+                           max_concurrent_rpcs=rpc_threads(config))
     worker.on_broken = lambda: running.set_serving(False)
     return run_until_signalled(running, "target", on_stop=lambda: (worker.stop(), mirror.stop()))
 

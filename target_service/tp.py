@@ -2,8 +2,9 @@
 
 transformers splits the target over the torch.distributed group (`tp_plan="auto"`), so every forward
 runs all-reduces that each rank must join with the same inputs. Rank 0 is the ordinary TargetWorker;
-its `Mirror` sends each operation that touches the model (admit = prefill, a verify step) to the
-followers just before running it, under the worker's `model_lock`, which already orders every forward.
+its `Mirror` sends each operation that touches the model (admit, a prefill chunk, a verify step) to
+the followers just before running it, under the worker's `model_lock`, which already orders every
+forward. A prompt is prefilled in the same chunks on every rank (each chunk names where it starts).
 The followers (`follow`) keep their own table of Sequences and make the same calls. They decide
 nothing themselves, so nothing that depends on timing or chance can differ between ranks:
 - a step carries the final trees, however rank 0 drafted (draft worker, in-target drafter, adaptive
@@ -52,6 +53,14 @@ class Admit:
 
 
 @dataclass(frozen=True)
+class Prefill:
+    handle: int
+    start: int  # prompt tokens already prefilled on rank 0: a follower that differs is a bug
+    max_tokens: int
+    drops: list[int]  # as in Step
+
+
+@dataclass(frozen=True)
 class Step:
     handles: list[int]  # [B] the sequences verified together, in batch order
     trees: list[DraftTree]  # [B] final trees (q dropped for greedy sequences: verification ignores it)
@@ -85,13 +94,14 @@ class Mirror:
         self.stopped = False
 
     def admit(self, engine, prompt_ids: list[int], params: SamplingParams):
-        """Prefill on every rank; returns open_sequence's (Sequence, drafting session | None) for this one."""
+        """Open the sequence, unprefilled, on every rank; returns open_sequence's (Sequence, drafting
+        session | None) for this one. Its prompt goes in through `prefill`."""
         if not self.active:
-            return open_sequence(engine, prompt_ids, params)
+            return open_sequence(engine, prompt_ids, params, prefill=False)
         handle, self.next_handle = self.next_handle, self.next_handle + 1
         self._send(Admit(handle, list(prompt_ids), params))
         try:
-            seq, session = open_sequence(engine, prompt_ids, params)
+            seq, session = open_sequence(engine, prompt_ids, params, prefill=False)
         except BaseException:
             self.gone.put(handle)
             raise
@@ -99,13 +109,17 @@ class Mirror:
         weakref.finalize(seq, self.gone.put, handle)
         return seq, session
 
+    def prefill(self, seq: Sequence, max_tokens: int) -> int:
+        """The next chunk of seq's prompt (at most max_tokens) on every rank; returns how many."""
+        if self.active:
+            self._send(Prefill(self.handles[seq], seq.num_prefilled, max_tokens, self._drops()))
+        return seq.prefill_chunk(max_tokens)
+
     def step(self, seqs: list[Sequence], trees: list[DraftTree]) -> None:
         """Before the verify forward of seqs[i] with trees[i]: the followers run the same one."""
         if not self.active:
             return
-        drops = []
-        while not self.gone.empty():
-            drops.append(self.gone.get_nowait())
+        drops = self._drops()
         self._send(Step([self.handles[s] for s in seqs],
                         [replace(t, q=None) if s.generator is None else t for s, t in zip(seqs, trees)],
                         [None if s.generator is None else s.generator.get_state() for s in seqs],
@@ -132,6 +146,12 @@ class Mirror:
             log.warning("tensor-parallel stop: a follower is gone already")
         finally:
             self.model_lock.release()
+
+    def _drops(self) -> list[int]:
+        drops = []
+        while not self.gone.empty():
+            drops.append(self.gone.get_nowait())
+        return drops
 
     def _keep_alive(self) -> None:
         while not self.stopped:
@@ -161,11 +181,20 @@ class Follower:
             return False
         if isinstance(op, Admit):
             engine = self.engine
+            self.seqs[op.handle] = Sequence(engine.runner, op.prompt_ids, op.params, engine.tokenizer,
+                                            engine.eos_ids, prefill=False)
+        elif isinstance(op, Prefill):
+            seq = self.seqs.get(op.handle)
+            if seq is not None and seq.num_prefilled != op.start:  # would corrupt silently
+                raise RuntimeError("a tensor-parallel follower's prefill diverged from rank 0's")
             try:
-                self.seqs[op.handle] = Sequence(engine.runner, op.prompt_ids, op.params, engine.tokenizer,
-                                                engine.eos_ids)
+                if seq is not None:
+                    seq.prefill_chunk(op.max_tokens)
             except Exception:  # noqa: BLE001 - rank 0 failed alike and lets go of it
                 log.exception("prefill failed on this rank")
+                self.seqs.pop(op.handle, None)
+            for handle in op.drops:
+                self.seqs.pop(handle, None)
         elif isinstance(op, Step):
             batch = [self.seqs[h] for h in op.handles]
             if [(len(s.context), s.context[-1]) for s in batch] != op.roots:  # would corrupt silently

@@ -8,68 +8,39 @@ it can touch the cache. A step runs as soon as its draft is in, or when the draf
 `draft_wait_s` (or none is alive): a dead or slow draft worker costs speed, never correctness.
 
 All forwards run on one thread (`_loop`) under `model_lock`, so torch never runs two at once.
+An admitted sequence is prefilled there too, `prefill_chunk_tokens` at a time, one chunk after each
+decode step: a long prompt slows the running streams by a chunk per step instead of stopping them
+for its whole prefill. Its stream's first message (version 0) goes out when its prefill is done.
 """
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
-from dataclasses import dataclass, field
 
 from specdec.batch_cache import BatchCache
-from specdec.core.tree import DraftTree, tree_layout
+from specdec.core.tree import DraftTree
 from specdec.core.types import SamplingParams
 from specdec.engine import Engine
 from specdec.errors import Internal, InvalidArgument, Unavailable
 from specdec.policy import NO_CAP, is_sampled
-from specdec.rpc.trees import tree_from_pb
 from specdec.rpc.v1 import target_pb2
-from specdec.sequence import Sequence
 from specdec.serving_config import TargetConfig
 from specdec.step import Drafting, StepFailure, plan_all, propose_all, verify_each
 from target_service.batch_former import form_batch
 from target_service.kv_room import KvFigures, KvRoom
+from target_service.draft_intake import DraftIntake
+from target_service.seq_state import DrafterLink, SeqState
 from target_service.tp import Mirror
 
 log = logging.getLogger(__name__)
 Refusal = target_pb2.Refusal
 
 
-class DrafterLink:
-    """One draft worker's Verify stream, as seen from here: an outbox of VerifyMessages."""
-
-    def __init__(self) -> None:
-        self.outbox: queue.Queue = queue.Queue()
-        self.alive = True
-
-    def send(self, message: target_pb2.VerifyMessage) -> None:
-        if self.alive:
-            self.outbox.put(message)
-
-
-@dataclass
-class SeqState:
-    seq: Sequence
-    expect_drafts: bool
-    outbox: queue.Queue = field(default_factory=queue.Queue)  # Commits for the router; None ends the stream
-    drafters: set = field(default_factory=set)  # live DrafterLinks that sent drafts for this sequence
-    pending: DraftTree | None = None  # validated draft for seq.version
-    draft_at: float = 0.0  # when `pending` arrived
-    version_since: float = field(default_factory=time.monotonic)
-    missed: int = 0  # steps in a row that waited in vain for a draft
-    session: object | None = None  # in-target drafting session, when the worker has a drafter
-    # The published state, under the worker's lock: seq.version / seq.context move during a step
-    # (outside the lock), so drafts and refusals are judged against this snapshot instead.
-    version: int = 0
-    context_len: int = 0
-    kv_tokens: int = 0  # KV cache reserved for this sequence (prompt + max_new_tokens), see KvRoom
-
-
-class TargetWorker:
-    """fault(point, seq_ids): a test hook called at "loop" (each decode-loop turn) and "verify" (each
-    verify attempt, with its sequences, after the forward and just before the commit); whatever it
-    raises is handled as a real fault there."""
+class TargetWorker(DraftIntake):
+    """fault(point, seq_ids): a test hook called at "loop" (each decode-loop turn that steps), "verify"
+    (each verify attempt, with its sequences, after the forward and just before the commit) and
+    "prefill" (each prefill chunk, with its sequence); whatever it raises is handled as a real fault there."""
 
     def __init__(self, engine: Engine, config: TargetConfig, mirror: Mirror | None = None, fault=None):
         self.engine = engine
@@ -81,6 +52,7 @@ class TargetWorker:
         self.model_lock = threading.Lock()
         self.mirror = mirror or Mirror()  # tensor-parallel followers replay every model call (none at tp 1)
         self.seqs: dict[str, SeqState] = {}
+        self.links: set[DrafterLink] = set()  # open Verify streams
         self.num_served = 0
         self.num_verify_forwards = self.num_sequence_steps = self.max_batch_seen = 0  # batching figures
         self.policy = engine.new_policy(load_aware=config.load_aware)  # under cond
@@ -105,17 +77,16 @@ class TargetWorker:
             if seq_id in self.seqs:
                 raise InvalidArgument(f"sequence {seq_id!r} is already admitted")
             self.kv.check_room(self.seqs, kv_tokens)
-        with self.model_lock:  # prefill, on every tensor-parallel rank
+        with self.model_lock:  # opened (not prefilled yet) on every tensor-parallel rank
             seq, session = self.mirror.admit(self.engine, prompt_ids, params)
         state = SeqState(seq, expect_drafts and session is None, session=session,
-                         version=seq.version, context_len=len(seq.context))
-        with self.cond:
-            self.kv.check_room(self.seqs, kv_tokens)  # again: a concurrent admission may have taken the room
-            state.kv_tokens = kv_tokens
+                         version=seq.version, context_len=len(seq.context), kv_tokens=kv_tokens)
+        with self.cond:  # again: a concurrent admission may have taken the room or the id
+            if seq_id in self.seqs:
+                raise InvalidArgument(f"sequence {seq_id!r} is already admitted")
+            self.kv.check_room(self.seqs, kv_tokens)
             self.seqs[seq_id] = state
-            self.policy.add(seq_id)
-            self.policy.announce(seq_id)
-            self.cond.notify_all()
+            self.cond.notify_all()  # the decode loop prefills it
         return state
 
     def release(self, seq_id: str) -> bool:
@@ -127,47 +98,6 @@ class TargetWorker:
             self.num_served += 1
         state.outbox.put(None)
         return True
-
-    def drop_link(self, link: DrafterLink) -> None:
-        """A draft worker's stream ended: its sequences decode on without it."""
-        with self.cond:
-            link.alive = False
-            for state in self.seqs.values():
-                state.drafters.discard(link)
-            self.cond.notify_all()
-        link.outbox.put(None)
-
-    def offer_draft(self, link: DrafterLink, msg: target_pb2.DraftMessage) -> None:
-        """Queue a draft for verification, or answer the link with a Refusal."""
-        with self.cond:
-            state = self.seqs.get(msg.sequence_id)
-            if state is None:
-                return link.send(_refusal(msg.sequence_id, Refusal.UNKNOWN_SEQUENCE,
-                                          f"no sequence {msg.sequence_id!r} here (finished or released)"))
-            state.drafters.add(link)
-            state.missed = 0  # even a stale draft shows a live drafter: give it the next wait again
-            version, context = state.version, state.seq.context[:state.context_len]
-        kind, reason, tree = Refusal.MALFORMED, "", None
-        if msg.version > version:
-            reason = f"draft built on version {msg.version}, which is from the future: the sequence is at {version}"
-        elif msg.version < version:
-            kind, reason = Refusal.STALE, f"draft built on version {msg.version}; the sequence is at {version}"
-        else:
-            try:
-                tree = tree_from_pb(msg.tree, self.engine.runner.vocab_size, self.config.max_tree_nodes)
-                depth = max(tree_layout(tree.parent_ids).depths)
-                room = self.engine.max_len - len(context) - 1
-                if depth > room:
-                    raise InvalidArgument(f"draft depth {depth} runs past the context limit ({room} positions left)")
-            except InvalidArgument as exc:
-                reason = str(exc)
-        if tree is None:
-            return link.send(_refusal(msg.sequence_id, kind, reason, version, context))
-        with self.cond:
-            if self.seqs.get(msg.sequence_id) is state and state.version == version and state.pending is None:
-                state.pending, state.draft_at = tree, time.monotonic()
-                self.cond.notify_all()
-        return None
 
     def info(self) -> tuple[list[str], int]:
         with self.cond:
@@ -184,10 +114,11 @@ class TargetWorker:
         self.thread.join(timeout=5.0)
 
     # -- the decoding thread ------------------------------------------------------------------
-    def _pick(self) -> list[tuple[str, SeqState, DraftTree | None]]:
-        """Up to max_batch ready sequences (those waiting longest first), or [] after waiting."""
-        ids, wait_s = form_batch(self.seqs, self._needs_draft, time.monotonic(), self.config, self.last_step_end)
-        if not ids:
+    def _pick(self, idle_wait: bool = True) -> list[tuple[str, SeqState, DraftTree | None]]:
+        """Up to max_batch ready sequences (those waiting longest first), or [] (after waiting, if idle_wait)."""
+        decoding = {seq_id: state for seq_id, state in self.seqs.items() if not state.prefilling}
+        ids, wait_s = form_batch(decoding, self._needs_draft, time.monotonic(), self.config, self.last_step_end)
+        if not ids and idle_wait:
             self.cond.wait(timeout=wait_s)
         picked = []
         for seq_id in ids:
@@ -201,21 +132,49 @@ class TargetWorker:
         return self.seqs[seq_id].session is None and self.policy.cap() != 0
 
     def _loop(self) -> None:
+        """Each turn: one decode step of the ready sequences, then one prefill chunk (if any is waiting)."""
         while True:
             with self.cond:
                 if self.stopped:
                     return
-                picked = self._pick()
-            if not picked:
-                continue
+                prefilling = min(((i, s) for i, s in self.seqs.items() if s.prefilling),
+                                 key=lambda item: item[1].admitted_at, default=None)
+                picked = self._pick(idle_wait=prefilling is None)
             try:
-                if self.fault is not None:
-                    self.fault("loop", [seq_id for seq_id, _, _ in picked])
-                self._step(picked)
+                if picked:
+                    if self.fault is not None:
+                        self.fault("loop", [seq_id for seq_id, _, _ in picked])
+                    self._step(picked)
+                if prefilling is not None:
+                    self._prefill(*prefilling)
             except Exception as exc:  # noqa: BLE001 - the loop cannot go on: say so, end every stream
                 log.exception("the decode loop stopped")
                 self._break(f"decode loop stopped: {type(exc).__name__}: {exc}")
                 return
+
+    def _prefill(self, seq_id: str, state: SeqState) -> None:
+        """One chunk of the sequence's prompt; once all of it is in, it decodes from the next turn on and
+        its stream says so (version 0). A chunk that fails fails this sequence alone (INTERNAL)."""
+        seq = state.seq
+        try:
+            if self.fault is not None:
+                self.fault("prefill", [seq_id])
+            with self.model_lock:
+                self.mirror.prefill(seq, self.config.prefill_chunk_tokens)
+        except Exception as exc:  # noqa: BLE001
+            log.exception("prefill failed for %s", seq_id)
+            return self._fail(seq_id, state, Internal(f"sequence {seq_id}: prefill failed: {exc}"))
+        if not seq.prefilled:
+            return None
+        with self.cond:
+            if self.seqs.get(seq_id) is not state:  # released meanwhile
+                return None
+            state.prefilling, state.version_since = False, time.monotonic()  # drafts are waited for from now
+            self.policy.add(seq_id)
+            self.policy.announce(seq_id)
+            self.cond.notify_all()
+        state.outbox.put(target_pb2.Commit(sequence_id=seq_id, version=0, prefill_s=seq.prefill_s))
+        return None
 
     def _step(self, picked: list[tuple[str, SeqState, DraftTree | None]]) -> None:
         """One decode step of the picked sequences: in-target drafts, the policy's cut, one verify."""
@@ -296,9 +255,3 @@ class TargetWorker:
         state.outbox.put(commit)
         if seq.finish_reason is not None:
             state.outbox.put(None)
-
-
-def _refusal(seq_id: str, kind: int, reason: str, version: int = 0, context: list[int] = ()
-             ) -> target_pb2.VerifyMessage:
-    return target_pb2.VerifyMessage(sequence_id=seq_id, refusal=Refusal(
-        kind=kind, reason=reason, current_version=version, context_ids=list(context)))

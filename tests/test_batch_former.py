@@ -61,3 +61,18 @@ def test_batch_is_capped():
     config = TargetConfig(max_batch=3)
     ids, _ = form_batch(seqs, drafts_expected, now=100.0, config=config)
     assert ids == ["0", "1", "2"]
+
+
+def test_a_promised_drafter_without_a_stream_gets_one_wait_only():
+    """Expected drafts, but no live stream (not connected yet, or dead): one draft_wait_s, never two."""
+    seqs = {"a": State(10.0, drafters=set())}
+    ids, wait_s = form_batch(seqs, drafts_expected, now=10.5, config=CONFIG)
+    assert ids == [] and 0 < wait_s <= 1.5  # the first wait: the drafter may still be connecting
+    ids, _ = form_batch(seqs, drafts_expected, now=12.0, config=CONFIG)
+    assert ids == ["a"] and seqs["a"].missed == 1
+    seqs["a"].version_since = 12.1  # the next step: nobody came, so nobody is waited for
+    ids, _ = form_batch(seqs, drafts_expected, now=12.1, config=CONFIG)
+    assert ids == ["a"]
+    seqs["a"].drafters = {Link()}  # a live drafter is waited for again, up to max_missed_drafts
+    ids, _ = form_batch(seqs, drafts_expected, now=12.2, config=CONFIG)
+    assert ids == []

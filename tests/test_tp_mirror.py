@@ -29,6 +29,14 @@ def pair(tiny_target, one_thread):
     return lead, mirror, follower
 
 
+def admit(mirror: Mirror, lead, prompt, params, chunk_tokens: int = 3):
+    """What TargetWorker does: open on every rank, then prefill chunk by chunk (mirrored)."""
+    seq, draft = mirror.admit(lead, prompt, params)
+    while not seq.prefilled:
+        mirror.prefill(seq, chunk_tokens)
+    return seq, draft
+
+
 def step(mirror: Mirror, seqs, drafts) -> int:
     """What TargetWorker._step does: draft on rank 0, mirror, verify in one batch; returns nodes drafted."""
     trees = [draft.propose(seq.context, 4, seq.params, seq.generator) for seq, draft in zip(seqs, drafts)]
@@ -41,9 +49,10 @@ def step(mirror: Mirror, seqs, drafts) -> int:
 
 def test_follower_commits_rank0s_tokens_then_drops_finished(pair):
     lead, mirror, follower = pair
-    opened = [mirror.admit(lead, PROMPT, params) for params in (SAMPLED, GREEDY)]
+    opened = [admit(mirror, lead, PROMPT, params) for params in (SAMPLED, GREEDY)]
     seqs, drafts = [s for s, _ in opened], [d for _, d in opened]
     handles, num_drafted = sorted(follower.seqs), 0
+    assert [follower.seqs[h].num_prefilled for h in handles] == [len(PROMPT) - 1] * 2  # rank 0's chunks, replayed
     while all(s.finish_reason is None for s in seqs):
         num_drafted += step(mirror, seqs, drafts)
         if seqs[0].finish_reason is None:  # before the follower drops them at their end
@@ -54,8 +63,8 @@ def test_follower_commits_rank0s_tokens_then_drops_finished(pair):
 
 def test_follower_drops_what_rank0_let_go_of_at_the_next_step(pair):
     lead, mirror, follower = pair
-    kept, kept_draft = mirror.admit(lead, PROMPT, GREEDY)
-    released, released_draft = mirror.admit(lead, [9, 8, 7], SAMPLED)
+    kept, kept_draft = admit(mirror, lead, PROMPT, GREEDY)
+    released, released_draft = admit(mirror, lead, [9, 8, 7], SAMPLED)
     step(mirror, [kept, released], [kept_draft, released_draft])
     del released, released_draft  # what TargetWorker.release leaves behind once the step is over
     gc.collect()
@@ -69,6 +78,15 @@ def test_inactive_mirror_sends_nothing(tiny_target, one_thread):
     lead = Engine.from_pretrained(tiny_target, dtype="float32")
     mirror = Mirror()
     mirror._send = lambda op: pytest.fail(f"sent {op}")
-    seq, draft = mirror.admit(lead, PROMPT, GREEDY)
+    seq, draft = admit(mirror, lead, PROMPT, GREEDY)
     mirror.step([seq], [DraftTree.empty()])
     assert draft is None and len(seq.context) == len(PROMPT)
+
+
+def test_a_follower_out_of_step_in_prefill_is_caught(pair):
+    lead, mirror, follower = pair
+    seq, _ = mirror.admit(lead, PROMPT, GREEDY)
+    mirror.prefill(seq, 3)
+    follower.seqs[mirror.handles[seq]].prefill_chunk(1)  # a follower that drifted
+    with pytest.raises(RuntimeError, match="prefill diverged"):
+        mirror.prefill(seq, 3)

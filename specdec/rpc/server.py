@@ -40,18 +40,23 @@ class RunningServer:
         self.server.stop(grace_s).wait(grace_s + 1.0)
 
 
-def channel_options() -> list[tuple[str, int]]:
+def channel_options(max_receive_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
     return [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+            ("grpc.max_receive_message_length", min(max_receive_bytes, MAX_MESSAGE_BYTES))]
 
 
 def start_server(register: Callable[[grpc.Server], None], service_names: list[str], port: int = 0,
                  host: str = "127.0.0.1", max_workers: int = 64,
-                 interceptors: Sequence[grpc.ServerInterceptor] = ()) -> RunningServer:
+                 interceptors: Sequence[grpc.ServerInterceptor] = (), max_receive_bytes: int = MAX_MESSAGE_BYTES,
+                 max_concurrent_rpcs: int | None = None) -> RunningServer:
     """register(server) adds the servicers; service_names are their full names (for health/reflection);
-    `interceptors` run before the status interceptor (an API key check, say)."""
+    `interceptors` run before the status interceptor (an API key check, say). A message larger than
+    `max_receive_bytes` is refused by gRPC before it is read (RESOURCE_EXHAUSTED); beyond
+    `max_concurrent_rpcs` calls in progress a new call is refused at once (RESOURCE_EXHAUSTED) instead
+    of waiting for a thread."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
-                         interceptors=[*interceptors, StatusInterceptor()], options=channel_options())
+                         interceptors=[*interceptors, StatusInterceptor()],
+                         options=channel_options(max_receive_bytes), maximum_concurrent_rpcs=max_concurrent_rpcs)
     register(server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -12,7 +12,8 @@ from pathlib import Path
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
-def make_tiny_llama(out: Path, seed: int, tokenizer_dir: Path | None = None, num_layers: int = 2) -> Path:
+def make_tiny_llama(out: Path, seed: int, tokenizer_dir: Path | None = None, num_layers: int = 2,
+                    hidden_size: int = 64, max_positions: int = 1024) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -20,8 +21,9 @@ def make_tiny_llama(out: Path, seed: int, tokenizer_dir: Path | None = None, num
         return out
     torch.manual_seed(seed)
     vocab_size = 49152 if tokenizer_dir is not None else 512
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                         num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=max_positions,
                          initializer_range=0.5, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
     LlamaForCausalLM(config).save_pretrained(out)
     for name in TOKENIZER_FILES if tokenizer_dir is not None else ():

@@ -1,0 +1,72 @@
+"""What the target worker holds per sequence and per draft worker stream, and how it judges a draft
+before it can touch a cache."""
+from __future__ import annotations
+
+import queue
+import time
+from dataclasses import dataclass, field
+
+from specdec.core.tree import DraftTree, tree_layout
+from specdec.errors import InvalidArgument
+from specdec.rpc.trees import tree_from_pb
+from specdec.rpc.v1 import target_pb2
+from specdec.sequence import Sequence
+
+Refusal = target_pb2.Refusal
+
+
+class DrafterLink:
+    """One draft worker's Verify stream, as seen from here: an outbox of VerifyMessages."""
+
+    def __init__(self) -> None:
+        self.outbox: queue.Queue = queue.Queue()
+        self.alive = True
+
+    def send(self, message: target_pb2.VerifyMessage) -> None:
+        if self.alive:
+            self.outbox.put(message)
+
+
+@dataclass
+class SeqState:
+    seq: Sequence
+    expect_drafts: bool
+    outbox: queue.Queue = field(default_factory=queue.Queue)  # Commits for the router; None ends the stream
+    drafters: set = field(default_factory=set)  # live DrafterLinks that sent drafts for this sequence
+    pending: DraftTree | None = None  # validated draft for seq.version
+    draft_at: float = 0.0  # when `pending` arrived
+    version_since: float = field(default_factory=time.monotonic)
+    missed: int = 0  # steps in a row that waited in vain for a draft
+    session: object | None = None  # in-target drafting session, when the worker has a drafter
+    # The published state, under the worker's lock: seq.version / seq.context move during a step
+    # (outside the lock), so drafts and refusals are judged against this snapshot instead.
+    version: int = 0
+    context_len: int = 0
+    kv_tokens: int = 0  # KV cache reserved for this sequence (prompt + max_new_tokens), see KvRoom
+    prefilling: bool = True  # its prompt is still going into the cache, chunk by chunk; not decoding yet
+    admitted_at: float = field(default_factory=time.monotonic)  # prefill order: first come, first prefilled
+
+
+def judge_draft(msg: target_pb2.DraftMessage, version: int, context_len: int, vocab_size: int,
+                max_tree_nodes: int, max_len: int) -> tuple[int, str, DraftTree | None]:
+    """(refusal kind, reason, None) for a draft that must not be verified, else (_, "", its tree)."""
+    if msg.version > version:
+        return Refusal.MALFORMED, (f"draft built on version {msg.version}, which is from the future: the sequence "
+                                   f"is at {version}"), None
+    if msg.version < version:
+        return Refusal.STALE, f"draft built on version {msg.version}; the sequence is at {version}", None
+    try:
+        tree = tree_from_pb(msg.tree, vocab_size, max_tree_nodes)
+        depth = max(tree_layout(tree.parent_ids).depths)
+        room = max_len - context_len - 1
+        if depth > room:
+            raise InvalidArgument(f"draft depth {depth} runs past the context limit ({room} positions left)")
+    except InvalidArgument as exc:
+        return Refusal.MALFORMED, str(exc), None
+    return Refusal.MALFORMED, "", tree
+
+
+def refusal(seq_id: str, kind: int, reason: str, version: int = 0, context: list[int] = ()
+            ) -> target_pb2.VerifyMessage:
+    return target_pb2.VerifyMessage(sequence_id=seq_id, refusal=Refusal(
+        kind=kind, reason=reason, current_version=version, context_ids=list(context)))
