@@ -7,6 +7,7 @@ Each worker is `python -m specdec.cli serve <kind> --flags...`, bound to 127.0.0
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import queue
 import re
@@ -18,10 +19,11 @@ import time
 from dataclasses import dataclass, field
 
 from specdec.errors import Unavailable
-from specdec.serving_config import RouterConfig, StackConfig, config_to_argv
+from specdec.serving_config import StackConfig, config_to_argv
 
 READY = re.compile(r"ready on (127\.0\.0\.1:\d+)")
 HTTP_READY = re.compile(r"http on (\S+:\d+)")  # the router's OpenAI-compatible HTTP API, on its ready line
+METRICS_READY = re.compile(r"metrics on (\S+:\d+)")  # a server's Prometheus endpoint (--metrics-port)
 PR_SET_PDEATHSIG = 1
 
 
@@ -38,6 +40,7 @@ class ServerProcess:
     popen: subprocess.Popen
     address: str = ""
     http_address: str = ""  # host:port of the router's HTTP API ("" = none)
+    metrics_address: str = ""  # host:port of its Prometheus endpoint ("" = none)
     lines: list[str] = field(default_factory=list)  # everything it printed (stdout and stderr)
 
     def stop(self, timeout_s: float = 10.0) -> None:
@@ -87,8 +90,9 @@ def wait_ready(process: ServerProcess, timeout_s: float, echo=None) -> str:
         match = READY.search(line)
         if match:
             process.address = match.group(1)
-            http = HTTP_READY.search(line)
+            http, metrics = HTTP_READY.search(line), METRICS_READY.search(line)
             process.http_address = http.group(1) if http else ""
+            process.metrics_address = metrics.group(1) if metrics else ""
             return process.address
 
 
@@ -127,11 +131,8 @@ def start_stack(config: StackConfig, env: dict | None = None, echo=None) -> Stac
         for process in started:
             wait_ready(process, config.ready_timeout_s, echo)
         r = config.router
-        router_config = RouterConfig(port=r.port, targets=tuple(p.address for p in targets) + r.targets,
-                                     drafts=tuple(p.address for p in drafts) + r.drafts, tokenizer=r.tokenizer,
-                                     max_active=r.max_active, max_queue=r.max_queue,
-                                     worker_timeout_s=r.worker_timeout_s,
-                                     http_port=r.http_port, api_keys_file=r.api_keys_file)
+        router_config = dataclasses.replace(r, targets=tuple(p.address for p in targets) + r.targets,
+                                            drafts=tuple(p.address for p in drafts) + r.drafts)
         router = spawn("router", router_config, env)
         started.append(router)
         wait_ready(router, config.ready_timeout_s, echo)

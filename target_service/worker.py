@@ -27,7 +27,9 @@ from specdec.rpc.trees import tree_from_pb
 from specdec.rpc.v1 import target_pb2
 from specdec.sequence import Sequence
 from specdec.serving_config import TargetConfig
-from specdec.step import Drafting, StepFailure, plan_all, propose_all, verify_each
+from specdec.step import Drafting, StepFailure, StepTimes, plan_all, propose_all, verify_each
+from specdec.telemetry import GEN_AI_INPUT_TOKENS, SPAN_PREFILL, Telemetry
+from specdec.telemetry_trace import TargetInstruments, TargetStepTrace
 from target_service.batch_former import form_batch
 from target_service.kv_room import KvFigures, KvRoom
 from target_service.tp import Mirror
@@ -64,6 +66,8 @@ class SeqState:
     version: int = 0
     context_len: int = 0
     kv_tokens: int = 0  # KV cache reserved for this sequence (prompt + max_new_tokens), see KvRoom
+    trace_parent: object | None = None  # the Admit call's trace context: parent of its step spans
+    draft_trace: dict | None = None  # trace context of the draft span behind `pending`
 
 
 class TargetWorker:
@@ -71,8 +75,10 @@ class TargetWorker:
     verify attempt, with its sequences, after the forward and just before the commit); whatever it
     raises is handled as a real fault there."""
 
-    def __init__(self, engine: Engine, config: TargetConfig, mirror: Mirror | None = None, fault=None):
+    def __init__(self, engine: Engine, config: TargetConfig, mirror: Mirror | None = None, fault=None,
+                 telemetry: Telemetry | None = None):
         self.engine = engine
+        self.telemetry = telemetry or Telemetry.off()
         self.fault = fault
         self.broken: str | None = None  # why the decode loop stopped (health NOT_SERVING from then on)
         self.on_broken = lambda: None  # the server turns health NOT_SERVING
@@ -88,6 +94,7 @@ class TargetWorker:
         self.batch_cache = BatchCache(engine.runner)  # the last batch's stacked KV cache (decode thread only)
         # KV budget, under cond; by default every slot may reach the full context
         self.kv = KvRoom(config.max_kv_tokens or config.max_sequences * engine.max_len, config.max_sequences)
+        self.instruments = TargetInstruments(self.telemetry.metrics, self.kv_figures)
         self.stopped = False
         self.thread = threading.Thread(target=self._loop, name="target-decode", daemon=True)
         self.thread.start()
@@ -105,10 +112,13 @@ class TargetWorker:
             if seq_id in self.seqs:
                 raise InvalidArgument(f"sequence {seq_id!r} is already admitted")
             self.kv.check_room(self.seqs, kv_tokens)
-        with self.model_lock:  # prefill, on every tensor-parallel rank
-            seq, session = self.mirror.admit(self.engine, prompt_ids, params)
+        with self.telemetry.span(SPAN_PREFILL, attributes={GEN_AI_INPUT_TOKENS: len(prompt_ids)}):
+            with self.model_lock:  # prefill, on every tensor-parallel rank
+                seq, session = self.mirror.admit(self.engine, prompt_ids, params)
+        self.instruments.prefill_s.observe(seq.prefill_s)
         state = SeqState(seq, expect_drafts and session is None, session=session,
-                         version=seq.version, context_len=len(seq.context))
+                         version=seq.version, context_len=len(seq.context),
+                         trace_parent=self.telemetry.current_context())
         with self.cond:
             self.kv.check_room(self.seqs, kv_tokens)  # again: a concurrent admission may have taken the room
             state.kv_tokens = kv_tokens
@@ -166,6 +176,7 @@ class TargetWorker:
         with self.cond:
             if self.seqs.get(msg.sequence_id) is state and state.version == version and state.pending is None:
                 state.pending, state.draft_at = tree, time.monotonic()
+                state.draft_trace = dict(msg.trace_context) if msg.trace_context else None
                 self.cond.notify_all()
         return None
 
@@ -225,6 +236,7 @@ class TargetWorker:
         with self.model_lock:
             with self.cond:
                 budgets = plan_all(self.policy, entries, self.engine.max_len)
+                trace = self.telemetry.tracing and TargetStepTrace(self.telemetry, picked, self.policy.planned)
             trees, draft_s = propose_all(entries, budgets)
             with self.cond:  # load-aware: verify only as much as pays at this batch size
                 trees = self.policy.allocate(keys, trees, [is_sampled(t, s.params.greedy) for t, s in zip(trees, seqs)])
@@ -234,8 +246,9 @@ class TargetWorker:
             self.max_batch_seen = max(self.max_batch_seen, len(seqs))
             ids = {id(seq): key for key, seq in zip(keys, seqs)}
             fault = None if self.fault is None else lambda batch: self.fault("verify", [ids[id(s)] for s in batch])
-            start = time.perf_counter()
-            steps = verify_each(self.engine.runner, seqs, trees, self.batch_cache, fault)
+            start, times = time.perf_counter(), StepTimes()
+            steps = verify_each(self.engine.runner, seqs, trees, self.batch_cache, fault, times)
+            self.instruments.step(len(seqs), time.perf_counter() - start, steps)
             with self.cond:
                 self.policy.record(keys, trees, [None if isinstance(s, StepFailure) else s for s in steps],
                                    time.perf_counter() - start, draft_s)
@@ -249,6 +262,8 @@ class TargetWorker:
             except Exception as exc:  # noqa: BLE001 - this sequence's commit message, nothing else
                 log.exception("publishing failed for %s", seq_id)
                 self._fail(seq_id, state, Internal(f"sequence {seq_id}: publishing failed: {exc}"))
+        if trace:
+            trace.finish(entries, trees, steps, times)
 
     def _fail(self, seq_id: str, state: SeqState, error: Exception) -> None:
         """End one sequence's stream with `error` and forget it."""
@@ -280,6 +295,7 @@ class TargetWorker:
             budget = self.policy.announce(seq_id)  # fixed before its next draft is made
             if budget != NO_CAP:
                 commit.draft_budget = budget
+                self.instruments.node_budget.observe(budget)
             state.version_since = time.monotonic()
             state.version, state.context_len = seq.version, len(seq.context)
             state.pending = None  # anything queued during the step was built on the old version
