@@ -209,12 +209,16 @@ class Telemetry:
             return None
         return self.tracer.start_span(name, context=parent, attributes=attributes)
 
-    def emit(self, name: str, parent, start_s: float, end_s: float, attributes: dict, links=()):
-        """A finished span stamped from time.monotonic() readings (made after the fact)."""
-        span = self.tracer.start_span(name, context=parent, attributes=attributes, links=list(links),
-                                      start_time=self.wall_ns(start_s))
+    def emit(self, name: str, parent, start_s: float, end_s: float, attributes, links=()):
+        """A finished span stamped from time.monotonic() readings (made after the fact). attributes: a
+        dict or a function making one, called only if the span is recorded (its trace is sampled).
+        Returns the span, or None when it was not recorded."""
+        span = self.tracer.start_span(name, context=parent, links=list(links), start_time=self.wall_ns(start_s))
+        recorded = span.is_recording()
+        if recorded:
+            span.set_attributes(attributes() if callable(attributes) else attributes)
         span.end(end_time=self.wall_ns(max(end_s, start_s)))
-        return span
+        return span if recorded else None
 
 
 def setup(process: str, metrics_port: int = -1) -> Telemetry:

@@ -160,23 +160,25 @@ class TargetStepTrace:
             number, last = entry.seq.version, entry.seq.finish_reason is not None
             if not steps.keeps(number, end - self.start, last):
                 continue
-            source = "draft_worker" if arrived is not None else "none"
+            source = "in_target" if entry.drafted is not None else "draft_worker" if arrived is not None else "none"
             if entry.drafted is not None:  # drafted here, in the target
-                source = "in_target"
                 start, seconds, depth, nodes = entry.drafted
-                self.telemetry.emit(t.SPAN_DRAFT, parent, start, start + seconds, {
+                self.telemetry.emit(t.SPAN_DRAFT, parent, start, start + seconds, lambda: {
                     t.STEP: number, t.SEQUENCE_VERSION: number - 1, t.DRAFT_DEPTH: depth, t.DRAFT_NODES: nodes,
                     t.DRAFT_SOURCE: source})
-            attributes = {
-                t.STEP: number, t.SEQUENCE_VERSION: number - 1, t.BATCH_SIZE: len(trees), t.BATCH_ROWS: batch_rows,
-                t.VERIFY_ROWS: 1 + tree.num_nodes, t.NODES_VERIFIED: tree.num_nodes,
-                t.NODES_ACCEPTED: result.num_accepted, t.NUM_TOKENS: len(result.token_ids),
-                t.FORWARD_S: times.forward_end - times.start, t.COMMIT_S: end - times.forward_end,
-                t.QUEUE_S: max(self.start - (arrived or since), 0.0), t.DRAFT_SOURCE: source}
-            if arrived is not None:
-                attributes[t.TURNAROUND_S] = max(arrived - since, 0.0)
-            if budget < self.no_cap:
-                attributes[t.NODE_BUDGET] = budget
+
+            def attributes():  # built only if the span is recorded
+                out = {t.STEP: number, t.SEQUENCE_VERSION: number - 1, t.BATCH_SIZE: len(trees),
+                       t.BATCH_ROWS: batch_rows, t.VERIFY_ROWS: 1 + tree.num_nodes, t.NODES_VERIFIED: tree.num_nodes,
+                       t.NODES_ACCEPTED: result.num_accepted, t.NUM_TOKENS: len(result.token_ids),
+                       t.FORWARD_S: times.forward_end - times.start, t.COMMIT_S: end - times.forward_end,
+                       t.QUEUE_S: max(self.start - (arrived or since), 0.0), t.DRAFT_SOURCE: source}
+                if arrived is not None:
+                    out[t.TURNAROUND_S] = max(arrived - since, 0.0)
+                if budget < self.no_cap:
+                    out[t.NODE_BUDGET] = budget
+                return out
+
             self.telemetry.emit(t.SPAN_VERIFY, parent, times.start, end, attributes,
                                 self.telemetry.links_from(draft_trace))
 
@@ -203,7 +205,7 @@ def draft_span(telemetry: t.Telemetry, parent, step: int, start: float, seconds:
     as W3C headers for DraftMessage.trace_context ({} when not traced)."""
     if parent is None or not telemetry.steps.keeps(step, seconds):
         return {}
-    span = telemetry.emit(t.SPAN_DRAFT, parent, start, start + seconds, {
+    span = telemetry.emit(t.SPAN_DRAFT, parent, start, start + seconds, lambda: {
         t.STEP: step, t.SEQUENCE_VERSION: step - 1, t.DRAFT_DEPTH: depth, t.DRAFT_NODES: nodes,
         t.DRAFT_PIPELINED: pipelined, t.DRAFT_SOURCE: "draft_worker"})
     return telemetry.context_map(span)

@@ -106,6 +106,21 @@ def test_unsampled_steps_make_no_span_and_carry_no_context():
     assert telemetry.links_from({}) == []
 
 
+def test_spans_of_an_unsampled_trace_build_no_attributes():
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.0)))  # OTEL_TRACES_SAMPLER=parentbased_traceidratio
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    telemetry = t.Telemetry(provider, t.StepSampling.parse("all"))
+    with telemetry.span("Admit"):
+        parent = telemetry.current_context()
+    built = []
+    telemetry.emit(t.SPAN_VERIFY, parent, 0.0, 0.1, lambda: built.append(1) or {t.STEP: 1})
+    assert built == [] and exporter.get_finished_spans() == ()
+    assert draft_span(telemetry, parent, 1, 0.0, 0.01, 2, 2, pipelined=False) == {}
+
+
 def test_spec_decode_counters_in_prometheus_and_otlp():
     reader = InMemoryMetricReader()
     metrics = Metrics(prometheus=True, meter=MeterProvider(metric_readers=[reader]).get_meter("test"))
