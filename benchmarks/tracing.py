@@ -11,8 +11,12 @@
      every step OTEL_TRACES_EXPORTER=otlp_file, SPECDEC_TRACE_STEPS=all
      sampled    OTEL_TRACES_EXPORTER=otlp_file, SPECDEC_TRACE_STEPS at its default (every:16,over:500)
    Each configuration must produce the same tokens: tracing never changes an output.
-2. Breakdown: the `every step` stack under 1 and then 8 concurrent users (specdec.loadtest); its spans,
-   split per level by trace, go through `specdec trace-report` into a stacked per-step plot.
+2. CPU per decode step that tracing adds, measured in process (CPU time of all threads, so load
+   from other processes does not enter): the target's step-span code for one sequence with tracing
+   off, sampled and every step, and the export behind it (OTLP protobuf encoding, or OTLP JSON lines).
+3. Breakdown: the `every step` stack under 1 and then 8 concurrent users (specdec.loadtest); its spans,
+   split per level by trace once the stack has stopped (and flushed), go through
+   `specdec trace-report` into a stacked per-step plot.
 """
 from __future__ import annotations
 
@@ -91,6 +95,61 @@ def overhead(args, stacks: dict, params: SamplingParams) -> list[dict]:
     return rows
 
 
+def step_cpu_us(num_steps: int = 4000) -> dict[str, float]:
+    """CPU microseconds per decode step (one sequence) of the target's tracing code plus its export."""
+    from types import SimpleNamespace
+
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    from specdec import telemetry as t
+    from specdec.step import StepTimes
+    from specdec.telemetry_export import OtlpJsonFileExporter
+    from specdec.telemetry_trace import TargetInstruments, TargetStepTrace
+
+    class ProtobufOnly(SpanExporter):  # what the otlp exporter does before the network
+        def export(self, spans):
+            encode_spans(spans).SerializeToString()
+            return SpanExportResult.SUCCESS
+
+    def run(telemetry: t.Telemetry) -> float:
+        instruments = TargetInstruments(telemetry.metrics, lambda: None)
+        parent = None
+        if telemetry.tracing:
+            with telemetry.span("Admit"):
+                parent = telemetry.current_context()
+        state = SimpleNamespace(trace_parent=parent, version_since=time.monotonic(), draft_at=time.monotonic(),
+                                draft_trace=None)
+        entry = SimpleNamespace(seq=SimpleNamespace(version=0, finish_reason=None), drafted=None)
+        tree, result = SimpleNamespace(num_nodes=4), SimpleNamespace(num_accepted=2, num_drafted=4, token_ids=[1, 2, 3])
+        start = time.process_time()
+        for _ in range(num_steps):  # what TargetWorker._step adds around its forward
+            times = StepTimes(time.monotonic(), time.monotonic())
+            entry.seq.version += 1
+            trace = telemetry.tracing and TargetStepTrace(telemetry, [("s", state, object())], {})
+            instruments.step(1, 0.05, [result])
+            instruments.node_budget.observe(4)
+            if trace:
+                trace.finish([entry], [tree], [result], times)
+        telemetry.shutdown()  # the export thread's work counts too
+        return (time.process_time() - start) / num_steps * 1e6
+
+    def traced(exporter, steps: str) -> t.Telemetry:
+        provider = TracerProvider()
+        provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=num_steps * 2))
+        return t.Telemetry(provider, t.StepSampling.parse(steps), shutdowns=(provider.shutdown,))
+
+    json_file = Path(f"/tmp/specdec-tracing-cpu-{os.getpid()}.jsonl")
+    try:
+        return {"off": round(run(t.Telemetry.off()), 1),
+                "sampled, otlp": round(run(traced(ProtobufOnly(), t.DEFAULT_STEPS)), 1),
+                "every step, otlp": round(run(traced(ProtobufOnly(), "all")), 1),
+                "every step, otlp_file": round(run(traced(OtlpJsonFileExporter(str(json_file)), "all")), 1)}
+    finally:
+        json_file.unlink(missing_ok=True)
+
+
 def split_by_level(spans_file: Path, windows: dict[str, tuple[int, int]], out: Path) -> dict[str, Path]:
     """One OTLP JSON file per level: the spans of the requests whose request span started in its window."""
     from specdec import telemetry as t
@@ -111,8 +170,8 @@ def split_by_level(spans_file: Path, windows: dict[str, tuple[int, int]], out: P
     return files
 
 
-def breakdown(args, stack, spans_file: Path, out: Path) -> list[dict]:
-    from specdec.cli import main as cli_main
+def load_levels(args, stack) -> dict[str, tuple[int, int]]:
+    """1 and then 8 concurrent users; the wall-clock window (ns) of each level."""
     from specdec.loadtest import run_level
 
     windows = {}
@@ -123,7 +182,12 @@ def breakdown(args, stack, spans_file: Path, out: Path) -> list[dict]:
         windows[f"{users}user"] = (begin, time.time_ns())
         print(f"{users} users: {level.output_tokens_per_s:.2f} tok/s, mean batch {level.mean_batch_size:.2f}",
               flush=True)
-    time.sleep(6.0)  # the batch span processors export every 5 s
+    return windows
+
+
+def breakdown(args, spans_file: Path, windows: dict, out: Path) -> list[dict]:
+    from specdec.cli import main as cli_main
+
     files = split_by_level(spans_file, windows, out)
     report = out / "trace_report.json"
     argv = ["trace-report", *map(str, files.values()), "--labels", "1 user,8 users",
@@ -153,6 +217,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.jsonl"):
         old.unlink()
+    cpu = step_cpu_us()
+    print(f"CPU per step, us: {cpu}", flush=True)
     stacks = {}
     try:
         for name, (env, metrics_port) in modes(out).items():
@@ -161,12 +227,13 @@ def main() -> int:
         rows = overhead(args, stacks, SamplingParams(max_new_tokens=args.max_new_tokens))
         for name in [n for n in stacks if n != "every step"]:
             stacks.pop(name).stop()  # the breakdown runs alone
-        steps = breakdown(args, stacks["every step"], out / "spans_all.jsonl", out)
+        windows = load_levels(args, stacks["every step"])
     finally:
         for stack in stacks.values():
-            stack.stop()
+            stack.stop()  # each process exports what it still holds as it stops
+    steps = breakdown(args, out / "spans_all.jsonl", windows, out)
     result = {"machine": cpu_info(), "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
-              "overhead": rows, "breakdown": steps}
+              "step_cpu_us": cpu, "overhead": rows, "breakdown": steps}
     Path(args.json_out).write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
     return 0
