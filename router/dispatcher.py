@@ -25,7 +25,6 @@ from specdec.rpc.convert import params_from_pb, params_to_pb, prompt_from_pb, st
 from specdec.rpc.v1 import common_pb2, draft_pb2, draft_pb2_grpc, generation_pb2, target_pb2, target_pb2_grpc
 from specdec.serving_config import RouterConfig
 from specdec.telemetry import Telemetry
-from specdec.telemetry_metrics import KV_CAPACITY_TOKENS, KV_RESERVED_TOKENS, NUM_REQUESTS_RUNNING, NUM_REQUESTS_WAITING
 from specdec.telemetry_trace import RequestTrace, RouterInstruments
 
 log = logging.getLogger(__name__)
@@ -65,12 +64,7 @@ class Dispatcher:
         for index in range(1, len(config.targets)):
             self.refresh_target(index, TARGET_INFO_TIMEOUT_S)
         self.encoder = PromptEncoder(config.tokenizer or target_info.model_path, target_info.vocab_size)
-        self.instruments = RouterInstruments(self.telemetry.metrics)
-        metrics = self.telemetry.metrics
-        metrics.gauge(NUM_REQUESTS_WAITING, lambda: self.admission.counts()[1])
-        metrics.gauge(NUM_REQUESTS_RUNNING, lambda: self.admission.counts()[0])
-        metrics.gauge(KV_CAPACITY_TOKENS, lambda: self.admission.figures().kv_capacity_tokens)
-        metrics.gauge(KV_RESERVED_TOKENS, lambda: self.admission.figures().kv_reserved_tokens)
+        self.instruments = RouterInstruments(self.telemetry.metrics, self.admission)
 
     def any_target_healthy(self) -> bool:
         return any(worker.healthy for worker in self.targets.workers)

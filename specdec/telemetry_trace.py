@@ -1,5 +1,5 @@
-"""The spans and per-request metrics of one generation, as the router, the target worker and the draft
-worker make them (names in specdec.telemetry, instruments in specdec.telemetry_metrics).
+"""The spans and metrics of generations, as the router, the target worker and the draft worker
+make them (names in specdec.telemetry, instruments in specdec.telemetry_metrics).
 
 Step spans are stamped after the step from its time.monotonic() readings (see specdec.telemetry),
 and only for steps `StepSampling` keeps; nothing here runs in a decode loop while tracing is off.
@@ -12,18 +12,23 @@ from contextlib import contextmanager
 from specdec import telemetry as t
 from specdec.telemetry_metrics import (DRAFT_NUM_PIPELINED, DRAFT_NUM_SENT, DRAFT_TIME, KV_CAPACITY_TOKENS,
                                        KV_RESERVED_TOKENS, KV_USED_TOKENS, NODE_BUDGET, NUM_REQUESTS_RUNNING,
-                                       PREFILL_TIME, TIME_PER_OUTPUT_TOKEN, TIME_TO_FIRST_TOKEN, VERIFY_BATCH_SIZE,
-                                       VERIFY_TIME, SpecDecodeCounters)
+                                       NUM_REQUESTS_WAITING, PREFILL_TIME, TIME_PER_OUTPUT_TOKEN, TIME_TO_FIRST_TOKEN,
+                                       VERIFY_BATCH_SIZE, VERIFY_TIME, SpecDecodeCounters)
 
 
 
 class RouterInstruments:
-    """The router's per-request metrics, created once per process."""
+    """The router's metrics, created once per process; admission: router.admission.Admission (its
+    counts and figures are read when scraped)."""
 
-    def __init__(self, metrics):
+    def __init__(self, metrics, admission):
         self.spec = SpecDecodeCounters(metrics)
         self.ttft = metrics.histogram(TIME_TO_FIRST_TOKEN)
         self.tpot = metrics.histogram(TIME_PER_OUTPUT_TOKEN)
+        metrics.gauge(NUM_REQUESTS_WAITING, lambda: admission.counts()[1])
+        metrics.gauge(NUM_REQUESTS_RUNNING, lambda: admission.counts()[0])
+        metrics.gauge(KV_CAPACITY_TOKENS, lambda: admission.figures().kv_capacity_tokens)
+        metrics.gauge(KV_RESERVED_TOKENS, lambda: admission.figures().kv_reserved_tokens)
 
 
 class RequestTrace:
