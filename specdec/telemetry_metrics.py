@@ -135,7 +135,12 @@ class Metrics:
         """GET http://host:port/metrics (Prometheus text format); returns host:port."""
         from prometheus_client import start_http_server
 
-        self._server, _ = start_http_server(port, addr=host, registry=self.registry)
+        from specdec.errors import InvalidArgument
+
+        try:
+            self._server, _ = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:
+            raise InvalidArgument(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from exc
         self.address = f"{host}:{self._server.server_port}"
         return self.address
 
