@@ -10,6 +10,7 @@ from specdec.rpc.convert import params_from_pb
 from specdec.rpc.server import run_until_signalled, start_server
 from specdec.rpc.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 from specdec.serving_config import DraftConfig, add_config_args, config_from_args
+from specdec.telemetry import setup as setup_telemetry
 from draft_service.worker import DraftWorker
 
 
@@ -88,11 +89,12 @@ def serve(config: DraftConfig) -> int:
     if config.num_threads > 0:
         torch.set_num_threads(config.num_threads)
     drafter, model_path, vocab_size = build_drafter(config)
-    worker = DraftWorker(drafter, config)
+    telemetry = setup_telemetry("draft", config.metrics_port)
+    worker = DraftWorker(drafter, config, telemetry)
     servicer = DraftServicer(worker, model_path, vocab_size)
     running = start_server(lambda s: draft_pb2_grpc.add_DraftWorkerServicer_to_server(servicer, s),
-                           ["specdec.v1.DraftWorker"], config.port)
-    return run_until_signalled(running, "draft", on_stop=worker.stop)
+                           ["specdec.v1.DraftWorker"], config.port, interceptors=telemetry.server_interceptors())
+    return run_until_signalled(running, "draft", on_stop=worker.stop, telemetry=telemetry)
 
 
 

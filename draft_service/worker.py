@@ -28,6 +28,8 @@ from specdec.policy import DraftBudget, PolicyConfig, SpeculationPolicy
 from specdec.rpc.trees import tree_to_pb
 from specdec.rpc.v1 import target_pb2
 from specdec.serving_config import DraftConfig
+from specdec.telemetry import Telemetry
+from specdec.telemetry_trace import DraftInstruments, draft_span
 from draft_service.link import TargetLink
 
 log = logging.getLogger(__name__)
@@ -71,9 +73,12 @@ class DraftSeq:
     version: int = 0
     synced_at: float = field(default_factory=time.monotonic)  # when we learned the current version
     sent: tuple[int, int, float] | None = None  # (version, depth, synced_at) of the last draft sent
-    prepared: tuple[list[int], DraftTree] | None = None  # (assumed commit, draft for the version after it)
+    # (assumed commit, draft for the version after it, its `drafted`)
+    prepared: tuple[list[int], DraftTree, tuple] | None = None
     num_drafts: int = field(default=0)
     max_tokens: int | None = None  # the target's load-aware budget from the last commit (None = no limit)
+    drafted: tuple[float, float, int] = (0.0, 0.0, 0)  # the last draft: (time.monotonic() start, seconds, depth)
+    trace_parent: object | None = None  # the Attach call's trace context: parent of its draft spans
 
     def budget(self, policy: SpeculationPolicy, ahead: int = 0) -> DraftBudget:
         """What to draft for the next step, `ahead` tokens past the committed context: the policy's
@@ -83,9 +88,10 @@ class DraftSeq:
 
 
 class DraftWorker:
-    def __init__(self, drafter, config: DraftConfig):
+    def __init__(self, drafter, config: DraftConfig, telemetry: Telemetry | None = None):
         self.drafter = drafter
         self.config = config
+        self.telemetry = telemetry or Telemetry.off()
         self.lock = threading.Lock()
         self.seqs: dict[str, DraftSeq] = {}
         self.links: dict[str, TargetLink] = {}
@@ -94,6 +100,7 @@ class DraftWorker:
         # acceptance and depth per sequence; the target's announced budget caps it (load-aware there)
         self.policy = SpeculationPolicy(PolicyConfig(max_depth=config.num_speculative_tokens,
                                                      adaptive=config.adaptive, load_aware=False))
+        self.instruments = DraftInstruments(self.telemetry.metrics, lambda: len(self.seqs))
         self.thread = threading.Thread(target=self._loop, name="drafting", daemon=True)
         self.thread.start()
 
@@ -107,7 +114,8 @@ class DraftWorker:
             self.seqs[seq_id] = DraftSeq(
                 seq_id, link, params, list(prompt_ids), self.drafter.new_session(),
                 None if params.greedy else make_generator(None),
-                time.monotonic() + timeout_s if timeout_s > 0 else float("inf"), prompt_len=len(prompt_ids))
+                time.monotonic() + timeout_s if timeout_s > 0 else float("inf"), prompt_len=len(prompt_ids),
+                trace_parent=self.telemetry.current_context())
         self.events.put(("start", seq_id))
 
     def release(self, seq_id: str) -> bool:
@@ -191,7 +199,7 @@ class DraftWorker:
         seq.synced_at = time.monotonic()
         prepared, seq.prepared = seq.prepared, None
         if prepared is not None and prepared[0] == tokens and seq.max_tokens != 0:
-            self._send(seq, prepared[1])
+            self._send(seq, prepared[1], prepared[2], pipelined=True)
             self._prepare(seq, prepared[1])
         else:
             self._send_fresh(seq)
@@ -213,7 +221,7 @@ class DraftWorker:
         if seq.max_tokens == 0:
             return  # under load the target verifies no drafts next step and does not wait for one
         tree = self._propose(seq, seq.context, seq.budget(self.policy))
-        self._send(seq, tree)
+        self._send(seq, tree, seq.drafted)
         self._prepare(seq, tree)
 
     def _prepare(self, seq: DraftSeq, sent: DraftTree) -> None:
@@ -231,15 +239,26 @@ class DraftWorker:
         if ahead.num_nodes == 0:
             return
         guess, tree = split_first(ahead)
-        seq.prepared = (path + [guess], tree)
+        seq.prepared = (path + [guess], tree, seq.drafted)
 
     def _propose(self, seq: DraftSeq, context: list[int], budget: DraftBudget) -> DraftTree:
+        start = time.monotonic()
         if budget.depth <= 0:
+            seq.drafted = (start, 0.0, 0)
             return DraftTree.empty()
-        return seq.session.propose(context, budget.depth, seq.params, seq.generator, max_nodes=budget.max_nodes)
+        tree = seq.session.propose(context, budget.depth, seq.params, seq.generator, max_nodes=budget.max_nodes)
+        seq.drafted = (start, time.monotonic() - start, budget.depth)
+        return tree
 
-    def _send(self, seq: DraftSeq, tree: DraftTree) -> None:
+    def _send(self, seq: DraftSeq, tree: DraftTree, drafted: tuple | None = None, pipelined: bool = False) -> None:
+        """drafted: (start, seconds, depth asked) of the drafting that made `tree` (None: not drafted)."""
         depth = len(first_path(tree)) if tree.num_nodes else 0
         seq.sent = (seq.version, depth, seq.synced_at)
         seq.num_drafts += 1
-        seq.link.send(target_pb2.DraftMessage(sequence_id=seq.seq_id, version=seq.version, tree=tree_to_pb(tree)))
+        message = target_pb2.DraftMessage(sequence_id=seq.seq_id, version=seq.version, tree=tree_to_pb(tree))
+        if drafted is not None:
+            self.instruments.sent(drafted[1], pipelined)
+            if self.telemetry.tracing:  # the step this draft is for is version + 1
+                message.trace_context.update(draft_span(self.telemetry, seq.trace_parent, seq.version + 1, *drafted,
+                                                        tree.num_nodes, pipelined))
+        seq.link.send(message)

@@ -9,6 +9,7 @@ them; router.http_api.HttpCall implements them for an HTTP request).
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid
 from typing import Callable, Iterator, Protocol
@@ -20,11 +21,13 @@ from router.limits import check_request, derive_limits
 from router.pool import WorkerPool
 from router.prompts import PromptEncoder
 from router.tokenize_pool import TokenizePool
-from specdec.core.types import GenerationStats
+from specdec.core.types import GenerationStats, tally_accepted
 from specdec.errors import InvalidArgument, ServerError
 from specdec.rpc.convert import params_from_pb, params_to_pb, prompt_from_pb, stats_to_pb
 from specdec.rpc.v1 import common_pb2, draft_pb2, draft_pb2_grpc, generation_pb2, target_pb2, target_pb2_grpc
 from specdec.serving_config import RouterConfig
+from specdec.telemetry import Telemetry
+from specdec.telemetry_trace import RequestTrace, RouterInstruments
 
 log = logging.getLogger(__name__)
 RELEASE_TIMEOUT_S = 2.0
@@ -48,12 +51,15 @@ def time_remaining(call: Call) -> float | None:
 
 
 class Dispatcher:
-    def __init__(self, config: RouterConfig, target_info: common_pb2.WorkerInfo):
+    def __init__(self, config: RouterConfig, target_info: common_pb2.WorkerInfo, telemetry: Telemetry | None = None):
         self.config = config
         self.target_info = target_info
-        self.targets = WorkerPool(config.targets, target_pb2_grpc.TargetWorkerStub)
+        self.telemetry = telemetry or Telemetry.off()
+        self.model_name = os.path.basename(os.path.normpath(target_info.model_path)) or "model"
+        self.targets = WorkerPool(config.targets, target_pb2_grpc.TargetWorkerStub, wrap=self.telemetry.traced_channel)
         # a target that drafts for itself (Medusa, EAGLE, ...) gets no draft worker
-        self.drafts = WorkerPool(() if target_info.drafter else config.drafts, draft_pb2_grpc.DraftWorkerStub)
+        self.drafts = WorkerPool(() if target_info.drafter else config.drafts, draft_pb2_grpc.DraftWorkerStub,
+                                 wrap=self.telemetry.traced_channel)
         self.admission = Admission(config.max_active, config.max_queue, len(config.targets),
                                    config.max_active_per_user, config.max_queued_per_user,
                                    is_healthy=lambda index: self.targets.workers[index].healthy)
@@ -65,6 +71,7 @@ class Dispatcher:
                                     config.max_prompt_bytes, config.max_stop_strings, config.max_stop_bytes,
                                     config.max_messages)
         self.tokenizing = TokenizePool(self.encoder, config.tokenize_threads)
+        self.instruments = RouterInstruments(self.telemetry.metrics, self.admission)
 
     def any_target_healthy(self) -> bool:
         return any(worker.healthy for worker in self.targets.workers)
@@ -90,27 +97,40 @@ class Dispatcher:
             raise InvalidArgument("stop strings need a model with a tokenizer")
         if len(request.user) > MAX_USER_LEN:
             raise InvalidArgument(f"user is {len(request.user)} characters long; the limit is {MAX_USER_LEN}")
-        ticket = self.admission.acquire(call.is_active, lambda: time_remaining(call),
-                                        request.user or call.peer(), len(prompt_ids) + params.max_new_tokens)
+        chat = request.chat or request.WhichOneof("prompt") == "messages"
+        trace = RequestTrace(self.telemetry, self.instruments, "chat" if chat else "text_completion", self.model_name,
+                             params, len(prompt_ids))
+        error = None
         try:
-            yield from self._generate(ticket.target, prompt_ids, params, call)
+            with trace.queue():
+                ticket = self.admission.acquire(call.is_active, lambda: time_remaining(call),
+                                                request.user or call.peer(), len(prompt_ids) + params.max_new_tokens)
+            try:
+                yield from self._generate(ticket.target, prompt_ids, params, call, trace)
+            finally:
+                self.admission.release(ticket)
+        except Exception as exc:
+            error = exc
+            raise
         finally:
-            self.admission.release(ticket)
+            trace.end(error)
 
-    def _generate(self, target_index, prompt_ids, params, call: Call):
+    def _generate(self, target_index, prompt_ids, params, call: Call, trace: RequestTrace):
         start = time.perf_counter()
         target = self.targets.workers[target_index]
         draft = self._draft_worker(call)
+        trace.admitted(target.address, draft.address if draft is not None else "")
         seq_id = uuid.uuid4().hex
         admit = target.stub.Admit(target_pb2.AdmitRequest(
             sequence_id=seq_id, prompt_ids=prompt_ids, params=params_to_pb(params), expect_drafts=draft is not None),
-            timeout=time_remaining(call))
+            timeout=time_remaining(call), metadata=trace.metadata())
         call.add_callback(admit.cancel)  # client gone -> the target's Admit ends -> sequence released there
         try:
             admitted = next(admit)  # prefill done
             if draft is not None:
-                draft = self._attach(draft, target.address, seq_id, prompt_ids, params, call)
-            yield from self._relay(admit, admitted.prefill_s, prompt_ids, start)
+                with trace.use():
+                    draft = self._attach(draft, target.address, seq_id, prompt_ids, params, call)
+            yield from self._relay(admit, admitted.prefill_s, prompt_ids, start, trace)
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.UNAVAILABLE:
                 self.targets.bench(target)
@@ -157,8 +177,9 @@ class Dispatcher:
             self.drafts.release(draft)
             return None
 
-    def _relay(self, admit, prefill_s, prompt_ids, start):
+    def _relay(self, admit, prefill_s, prompt_ids, start, trace: RequestTrace):
         texts, num_tokens, forwards, drafted, accepted, verify_s = [], 0, 0, 0, 0, 0.0
+        num_drafts, accepted_per_pos = 0, []
         for commit in admit:
             texts.append(commit.text)
             num_tokens += len(commit.token_ids)
@@ -166,10 +187,14 @@ class Dispatcher:
             drafted += commit.num_drafted
             accepted += commit.num_accepted
             verify_s += commit.verify_s
+            num_drafts += commit.num_drafted > 0
+            tally_accepted(accepted_per_pos, commit.num_accepted)
+            trace.commit(len(commit.token_ids), commit.num_drafted, commit.num_accepted)
             response = generation_pb2.GenerateResponse(text=commit.text, token_ids=commit.token_ids)
             if commit.finish_reason:
                 stats = GenerationStats(num_tokens, forwards, drafted, accepted, time.perf_counter() - start,
-                                        0.0, verify_s, prefill_s)
+                                        0.0, verify_s, prefill_s, num_drafts, tuple(accepted_per_pos))
+                trace.finish(stats, commit.finish_reason)
                 response.final.CopyFrom(generation_pb2.FinalInfo(
                     finish_reason=commit.finish_reason, stats=stats_to_pb(stats), prompt_token_ids=prompt_ids,
                     text="".join(texts)))

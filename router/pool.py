@@ -30,10 +30,12 @@ class Worker:
 
 
 class WorkerPool:
-    def __init__(self, addresses: tuple[str, ...], stub_cls, bench_s: float = 5.0):
+    def __init__(self, addresses: tuple[str, ...], stub_cls, bench_s: float = 5.0, wrap=lambda channel: channel):
+        """wrap(channel): the channel the stub uses (telemetry's tracing interceptor)."""
         self.lock = threading.Lock()
         self.bench_s = bench_s
-        self.workers = [Worker(a, stub_cls(grpc.insecure_channel(a, options=channel_options()))) for a in addresses]
+        self.workers = [Worker(a, stub_cls(wrap(grpc.insecure_channel(a, options=channel_options()))))
+                        for a in addresses]
 
     def acquire(self) -> Worker | None:
         with self.lock:

@@ -12,6 +12,7 @@ from specdec.errors import InvalidArgument, Unavailable
 from specdec.rpc.server import run_until_signalled, start_server
 from specdec.rpc.v1 import common_pb2, generation_pb2, generation_pb2_grpc, target_pb2_grpc
 from specdec.serving_config import RouterConfig, add_config_args, config_from_args
+from specdec.telemetry import setup as setup_telemetry
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
@@ -90,11 +91,12 @@ def serve(config: RouterConfig) -> int:
     if not config.targets:
         raise InvalidArgument("the router needs at least one --targets HOST:PORT")
     keys = ApiKeys.load(config.api_keys_file)
-    dispatcher = Dispatcher(config, fetch_target_info(config.targets[0], config.worker_timeout_s))
+    telemetry = setup_telemetry("router", config.metrics_port)
+    dispatcher = Dispatcher(config, fetch_target_info(config.targets[0], config.worker_timeout_s), telemetry)
     servicer = GenerationServicer(dispatcher)
+    interceptors = [*telemetry.server_interceptors(), *([ApiKeyInterceptor(keys)] if keys.enabled else ())]
     running = start_server(lambda s: generation_pb2_grpc.add_GenerationServicer_to_server(servicer, s),
-                           ["specdec.v1.Generation"], config.port,
-                           interceptors=[ApiKeyInterceptor(keys)] if keys.enabled else (),
+                           ["specdec.v1.Generation"], config.port, interceptors=interceptors,
                            max_receive_bytes=dispatcher.limits.max_request_bytes)
     http = None
     if config.http_port >= 0:
@@ -106,7 +108,7 @@ def serve(config: RouterConfig) -> int:
             running.stop()
             raise
     return run_until_signalled(running, "router", on_stop=http.stop if http else None,
-                               ready_detail=f"; http on {http.address}" if http else "")
+                               ready_detail=f"; http on {http.address}" if http else "", telemetry=telemetry)
 
 
 def main(argv: list[str] | None = None) -> int:

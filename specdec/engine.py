@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
-from specdec.core.types import GenerationOutput, GenerationStats, SamplingParams
+from specdec.core.types import GenerationOutput, GenerationStats, SamplingParams, tally_accepted
 from specdec.drafters import build_drafter
 from specdec import parallel
 from specdec.errors import InvalidArgument
@@ -146,7 +146,8 @@ class Engine:
         if hasattr(session, "attach"):  # self-drafting heads (Medusa, EAGLE) read the target's features
             session.attach(seq)
         entry = Drafting("0", seq, session)
-        num_forwards = num_drafted = num_accepted = 0
+        num_forwards = num_drafted = num_accepted = num_drafts = 0
+        accepted_per_pos: list[int] = []
         draft_s = verify_s = 0.0
         while seq.finish_reason is None:
             _, (step,), step_draft_s = decode_step(self.runner, policy, pool, [entry], self.max_len)
@@ -155,12 +156,15 @@ class Engine:
             num_forwards += 1
             num_drafted += step.num_drafted
             num_accepted += step.num_accepted
+            num_drafts += step.num_drafted > 0
+            tally_accepted(accepted_per_pos, step.num_accepted)
             draft_s += step_draft_s
             verify_s += step.verify_s
             if seq.finish_reason is None:
                 yield StreamEvent(step.text, step.token_ids)
         stats = GenerationStats(len(seq.generated_ids), num_forwards, num_drafted, num_accepted,
-                                time.perf_counter() - start, draft_s, verify_s, seq.prefill_s)
+                                time.perf_counter() - start, draft_s, verify_s, seq.prefill_s, num_drafts,
+                                tuple(accepted_per_pos))
         output = GenerationOutput(list(seq.generated_ids), seq.text.text, stats, seq.finish_reason, prompt_ids)
         if hasattr(session, "close"):  # drafters that learn from finished generations (suffix) keep this one
             session.close(seq.context, len(prompt_ids))

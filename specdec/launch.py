@@ -7,6 +7,7 @@ Each worker is `python -m specdec.cli serve <kind> --flags...`, bound to 127.0.0
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import queue
 import re
@@ -22,6 +23,7 @@ from specdec.serving_config import StackConfig, config_to_argv, with_workers
 
 READY = re.compile(r"ready on (127\.0\.0\.1:\d+)")
 HTTP_READY = re.compile(r"http on (\S+:\d+)")  # the router's OpenAI-compatible HTTP API, on its ready line
+METRICS_READY = re.compile(r"metrics on (\S+:\d+)")  # a server's Prometheus endpoint (--metrics-port)
 PR_SET_PDEATHSIG = 1
 
 
@@ -38,6 +40,7 @@ class ServerProcess:
     popen: subprocess.Popen
     address: str = ""
     http_address: str = ""  # host:port of the router's HTTP API ("" = none)
+    metrics_address: str = ""  # host:port of its Prometheus endpoint ("" = none)
     lines: list[str] = field(default_factory=list)  # everything it printed (stdout and stderr)
 
     def stop(self, timeout_s: float = 10.0) -> None:
@@ -87,8 +90,9 @@ def wait_ready(process: ServerProcess, timeout_s: float, echo=None) -> str:
         match = READY.search(line)
         if match:
             process.address = match.group(1)
-            http = HTTP_READY.search(line)
+            http, metrics = HTTP_READY.search(line), METRICS_READY.search(line)
             process.http_address = http.group(1) if http else ""
+            process.metrics_address = metrics.group(1) if metrics else ""
             return process.address
 
 

@@ -51,11 +51,12 @@ class TargetConfig:
     # Trim every batch's drafts to the depth that measured costs and acceptance say pays at this batch
     # size (specdec.policy), and tell drafters how much to draft: speculation never slows a loaded server.
     load_aware: bool = True
+    metrics_port: int = -1  # Prometheus endpoint on 127.0.0.1 (GET /metrics): -1 = none, 0 = any free port
 
     def __post_init__(self) -> None:
         if (self.draft_wait_s < 0 or self.batch_wait_s < 0 or self.max_missed_drafts < 0 or self.max_tree_nodes < 1
                 or self.max_sequences < 1 or self.max_draft_links < 1 or self.prefill_chunk_tokens < 1
-                or self.max_batch < 1 or self.max_kv_tokens < 0 or self.tp < 1):
+                or self.max_batch < 1 or self.max_kv_tokens < 0 or self.tp < 1 or self.metrics_port < -1):
             raise InvalidArgument(f"invalid target config {self}")
 
 
@@ -75,12 +76,13 @@ class DraftConfig:
     tree_width: int = 1  # branches per level (1 = chain)
     q_top_n: int = 32  # sampling: draw from the top-N renormalised q and send only those N entries
     num_threads: int = 0
+    metrics_port: int = -1  # Prometheus endpoint on 127.0.0.1 (GET /metrics): -1 = none, 0 = any free port
 
     def __post_init__(self) -> None:
         if self.drafter not in ("ngram", "suffix", "draft"):
             raise InvalidArgument(f"drafter must be ngram, suffix or draft, got {self.drafter!r}")
         if (self.num_speculative_tokens < 1 or self.tree_width < 1 or self.q_top_n < 0
-                or not 0.0 <= self.pipeline_min_hit <= 1.0):
+                or not 0.0 <= self.pipeline_min_hit <= 1.0 or self.metrics_port < -1):
             raise InvalidArgument(f"invalid draft config {self}")
 
 
@@ -110,12 +112,13 @@ class RouterConfig:
     max_stop_bytes: int = 256
     max_messages: int = 512
     tokenize_threads: int = 2  # long prompts are tokenized on this many threads at once (router.tokenize_pool)
+    metrics_port: int = -1  # Prometheus endpoint on 127.0.0.1 (GET /metrics): -1 = none, 0 = any free port
 
     def __post_init__(self) -> None:
         if (self.max_active < 1 or self.max_queue < 0 or self.worker_timeout_s <= 0 or self.max_active_per_user < 0
                 or self.max_queued_per_user < 0 or self.http_port < -1 or self.max_prompt_bytes < 0
                 or self.max_stop_strings < 0 or self.max_stop_bytes < 1 or self.max_messages < 1
-                or self.tokenize_threads < 1):
+                or self.tokenize_threads < 1 or self.metrics_port < -1):
             raise InvalidArgument(f"invalid router config {self}")
 
 

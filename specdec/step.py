@@ -33,6 +33,15 @@ from specdec.sequence import Sequence, StepResult
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class StepTimes:
+    """time.monotonic() readings of one verify step, for its trace span: started, forward and
+    verdicts done (the rest is the commit). Reading a clock is all tracing costs inside the step."""
+
+    start: float = 0.0
+    forward_end: float = 0.0
+
+
 @dataclass(frozen=True)
 class StepFailure:
     """A sequence whose step could not be done; `reason` names the cause (for an INTERNAL status)."""
@@ -41,11 +50,14 @@ class StepFailure:
 
 
 def verify_step(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree],
-                pool: BatchCache, fault=None) -> list[StepResult | StepFailure]:
+                pool: BatchCache, fault=None, times: StepTimes | None = None) -> list[StepResult | StepFailure]:
     """Verify trees[i] for seqs[i] (all unfinished) in one forward and commit. Raises (with every
     cache and generator rolled back) or returns one result per sequence. fault(seqs): a test hook
-    called after the forward and the verdicts, just before the commit (the last point rolled back)."""
+    called after the forward and the verdicts, just before the commit (the last point rolled back).
+    times: filled with the step's clock readings (tracing)."""
     start = time.perf_counter()
+    if times is not None:
+        times.start = time.monotonic()
     layouts = [tree_layout(t.parent_ids) for t in trees]
     cache, cache_lens = pool.take(seqs)
     states = [None if s.generator is None or not isinstance(s.generator, torch.Generator)
@@ -58,6 +70,8 @@ def verify_step(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree
         logits = runner.logits(flat).split(num_rows)  # B x [rows_i, vocab]
         verdicts = [seq.verify(tree, layout, logits[i])
                     for i, (seq, tree, layout) in enumerate(zip(seqs, trees, layouts))]
+        if times is not None:
+            times.forward_end = time.monotonic()
         if fault is not None:
             fault(seqs)
         pool.commit([[0, *v.accepted_rows] for v in verdicts])  # root + accepted path, per row
@@ -82,17 +96,17 @@ def verify_step(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree
 
 
 def verify_each(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree], pool: BatchCache,
-                fault=None) -> list[StepResult | StepFailure]:
+                fault=None, times: StepTimes | None = None) -> list[StepResult | StepFailure]:
     """The batch in one forward; if that fails (rolled back), each sequence alone, so a sequence that
-    fails alone fails alone and the others decode on. fault: verify_step's test hook."""
+    fails alone fails alone and the others decode on. fault, times: verify_step's."""
     try:
-        return list(verify_step(runner, seqs, trees, pool, fault))
+        return list(verify_step(runner, seqs, trees, pool, fault, times))
     except Exception as exc:  # noqa: BLE001 - judged per sequence below
         if len(seqs) == 1:
             log.exception("verify step failed")
             return [StepFailure(f"verify step failed: {type(exc).__name__}: {exc}")]
         log.exception("batched verify failed; stepping the %d sequences one by one", len(seqs))
-    return [verify_each(runner, [seq], [tree], pool, fault)[0] for seq, tree in zip(seqs, trees)]
+    return [verify_each(runner, [seq], [tree], pool, fault, times)[0] for seq, tree in zip(seqs, trees)]
 
 
 def _pack(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree], layouts: list[TreeLayout],
@@ -124,6 +138,8 @@ class Drafting:
     seq: Sequence
     session: object | None = None
     tree: DraftTree | None = None
+    # this step's draft made here: (time.monotonic() at its start, seconds, depth asked, nodes drafted)
+    drafted: tuple[float, float, int, int] | None = None
 
 
 def plan_all(policy: SpeculationPolicy, entries: list[Drafting], max_len: int) -> list:
@@ -147,14 +163,17 @@ def propose_all(entries: list[Drafting], budgets: list, agree=None) -> tuple[lis
     trees = []
     for e, budget in zip(entries, budgets):
         tree = e.tree if e.tree is not None else DraftTree.empty()
+        e.drafted = None
         if budget is not None:
             depth = budget.depth if agree is None else agree(budget.depth)  # ranks must verify the same tree
+            began = time.monotonic()
             try:
                 if depth > 0:
                     tree = e.session.propose(e.seq.context, depth, e.seq.params, e.seq.generator,
                                              max_nodes=budget.max_nodes)
             except Exception:  # noqa: BLE001
                 log.exception("drafting failed for %s; verifying without a draft", e.key)
+            e.drafted = (began, time.monotonic() - began, depth, tree.num_nodes)
         trees.append(tree)
     return trees, time.perf_counter() - start
 

@@ -55,5 +55,6 @@ class DraftIntake:
         with self.cond:
             if self.seqs.get(msg.sequence_id) is state and state.version == version and state.pending is None:
                 state.pending, state.draft_at = tree, time.monotonic()
+                state.draft_trace = dict(msg.trace_context) if msg.trace_context else None
                 self.cond.notify_all()
         return None

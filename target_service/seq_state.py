@@ -45,6 +45,8 @@ class SeqState:
     kv_tokens: int = 0  # KV cache reserved for this sequence (prompt + max_new_tokens), see KvRoom
     prefilling: bool = True  # its prompt is still going into the cache, chunk by chunk; not decoding yet
     admitted_at: float = field(default_factory=time.monotonic)  # prefill order: first come, first prefilled
+    trace_parent: object | None = None  # the Admit call's trace context: parent of its step spans
+    draft_trace: dict | None = None  # trace context of the draft span behind `pending`
 
 
 def judge_draft(msg: target_pb2.DraftMessage, version: int, context_len: int, vocab_size: int,

@@ -12,6 +12,7 @@ from specdec.rpc.convert import params_from_pb
 from specdec.rpc.server import run_until_signalled, start_server
 from specdec.rpc.v1 import common_pb2, target_pb2_grpc
 from specdec.serving_config import TargetConfig, add_config_args, config_from_args
+from specdec.telemetry import setup as setup_telemetry
 from target_service.worker import TargetWorker
 
 POLL_S = 0.5  # how often a blocked stream checks that its call is still alive
@@ -116,13 +117,15 @@ def serve(config: TargetConfig) -> int:
         return tp.follow(Engine(loaded, None, engine_config))
     engine = Engine(loaded, build_drafter(config.drafter, loaded, config.draft, {}, dtype), engine_config)
     mirror = tp.Mirror(active=config.tp > 1)
-    worker = TargetWorker(engine, config, mirror)
+    telemetry = setup_telemetry("target", config.metrics_port)
+    worker = TargetWorker(engine, config, mirror, telemetry=telemetry)
     mirror.start(worker.model_lock)
     running = start_server(lambda s: target_pb2_grpc.add_TargetWorkerServicer_to_server(TargetServicer(worker), s),
                            ["specdec.v1.TargetWorker"], config.port, max_workers=rpc_threads(config),
-                           max_concurrent_rpcs=rpc_threads(config))
+                           max_concurrent_rpcs=rpc_threads(config),
+                           interceptors=telemetry.server_interceptors())
     worker.on_broken = lambda: running.set_serving(False)
-    return run_until_signalled(running, "target", on_stop=lambda: (worker.stop(), mirror.stop()))
+    return run_until_signalled(running, "target", on_stop=lambda: (worker.stop(), mirror.stop()), telemetry=telemetry)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,9 @@ from specdec.errors import Internal, InvalidArgument, Unavailable
 from specdec.policy import NO_CAP, is_sampled
 from specdec.rpc.v1 import target_pb2
 from specdec.serving_config import TargetConfig
-from specdec.step import Drafting, StepFailure, plan_all, propose_all, verify_each
+from specdec.step import Drafting, StepFailure, StepTimes, plan_all, propose_all, verify_each
+from specdec.telemetry import GEN_AI_INPUT_TOKENS, SPAN_PREFILL, Telemetry
+from specdec.telemetry_trace import TargetInstruments, TargetStepTrace
 from target_service.batch_former import form_batch
 from target_service.kv_room import KvFigures, KvRoom
 from target_service.draft_intake import DraftIntake
@@ -42,8 +44,10 @@ class TargetWorker(DraftIntake):
     (each verify attempt, with its sequences, after the forward and just before the commit) and
     "prefill" (each prefill chunk, with its sequence); whatever it raises is handled as a real fault there."""
 
-    def __init__(self, engine: Engine, config: TargetConfig, mirror: Mirror | None = None, fault=None):
+    def __init__(self, engine: Engine, config: TargetConfig, mirror: Mirror | None = None, fault=None,
+                 telemetry: Telemetry | None = None):
         self.engine = engine
+        self.telemetry = telemetry or Telemetry.off()
         self.fault = fault
         self.broken: str | None = None  # why the decode loop stopped (health NOT_SERVING from then on)
         self.on_broken = lambda: None  # the server turns health NOT_SERVING
@@ -60,6 +64,7 @@ class TargetWorker(DraftIntake):
         self.batch_cache = BatchCache(engine.runner)  # the last batch's stacked KV cache (decode thread only)
         # KV budget, under cond; by default every slot may reach the full context
         self.kv = KvRoom(config.max_kv_tokens or config.max_sequences * engine.max_len, config.max_sequences)
+        self.instruments = TargetInstruments(self.telemetry.metrics, self.kv_figures)
         self.stopped = False
         self.thread = threading.Thread(target=self._loop, name="target-decode", daemon=True)
         self.thread.start()
@@ -80,7 +85,8 @@ class TargetWorker(DraftIntake):
         with self.model_lock:  # opened (not prefilled yet) on every tensor-parallel rank
             seq, session = self.mirror.admit(self.engine, prompt_ids, params)
         state = SeqState(seq, expect_drafts and session is None, session=session,
-                         version=seq.version, context_len=len(seq.context), kv_tokens=kv_tokens)
+                         version=seq.version, context_len=len(seq.context), kv_tokens=kv_tokens,
+                         trace_parent=self.telemetry.current_context())
         with self.cond:  # again: a concurrent admission may have taken the room or the id
             if seq_id in self.seqs:
                 raise InvalidArgument(f"sequence {seq_id!r} is already admitted")
@@ -184,6 +190,7 @@ class TargetWorker(DraftIntake):
         with self.model_lock:
             with self.cond:
                 budgets = plan_all(self.policy, entries, self.engine.max_len)
+                trace = self.telemetry.tracing and TargetStepTrace(self.telemetry, picked, self.policy.planned)
             trees, draft_s = propose_all(entries, budgets)
             with self.cond:  # load-aware: verify only as much as pays at this batch size
                 trees = self.policy.allocate(keys, trees, [is_sampled(t, s.params.greedy) for t, s in zip(trees, seqs)])
@@ -193,8 +200,9 @@ class TargetWorker(DraftIntake):
             self.max_batch_seen = max(self.max_batch_seen, len(seqs))
             ids = {id(seq): key for key, seq in zip(keys, seqs)}
             fault = None if self.fault is None else lambda batch: self.fault("verify", [ids[id(s)] for s in batch])
-            start = time.perf_counter()
-            steps = verify_each(self.engine.runner, seqs, trees, self.batch_cache, fault)
+            start, times = time.perf_counter(), StepTimes()
+            steps = verify_each(self.engine.runner, seqs, trees, self.batch_cache, fault, times)
+            self.instruments.step(len(seqs), time.perf_counter() - start, steps)
             with self.cond:
                 self.policy.record(keys, trees, [None if isinstance(s, StepFailure) else s for s in steps],
                                    time.perf_counter() - start, draft_s)
@@ -208,6 +216,8 @@ class TargetWorker(DraftIntake):
             except Exception as exc:  # noqa: BLE001 - this sequence's commit message, nothing else
                 log.exception("publishing failed for %s", seq_id)
                 self._fail(seq_id, state, Internal(f"sequence {seq_id}: publishing failed: {exc}"))
+        if trace:
+            trace.finish(entries, trees, steps, times)
 
     def _fail(self, seq_id: str, state: SeqState, error: Exception) -> None:
         """End one sequence's stream with `error` and forget it."""
@@ -239,6 +249,7 @@ class TargetWorker(DraftIntake):
             budget = self.policy.announce(seq_id)  # fixed before its next draft is made
             if budget != NO_CAP:
                 commit.draft_budget = budget
+                self.instruments.node_budget.observe(budget)
             state.version_since = time.monotonic()
             state.version, state.context_len = seq.version, len(seq.context)
             state.pending = None  # anything queued during the step was built on the old version

@@ -30,6 +30,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--api-keys-file", default=None,
                    help="API keys, one per line, required by both APIs (also env SPECDEC_API_KEYS)")
     p.add_argument("--no-pipeline", action="store_true", help="draft worker waits for each verify result")
+    p.add_argument("--metrics-port", type=int, default=-1,
+                   help="router's Prometheus endpoint (GET /metrics) on this port, each worker's on a free port, "
+                        "all printed on the ready line (-1 = none, the default; 0 = any free port)")
     p.add_argument("--demo", action="store_true",
                    help="once ready, decode one sample request through the stack plainly and speculatively, side by side")
     p.set_defaults(run=run_stack)
@@ -44,15 +47,17 @@ def add_parser(subparsers) -> None:
 def stack_config(args: argparse.Namespace) -> StackConfig:
     if args.config is not None:
         return load_stack_config(args.config)
-    router = RouterConfig(port=args.port, http_port=args.http_port, api_keys_file=args.api_keys_file)
+    router = RouterConfig(port=args.port, http_port=args.http_port, api_keys_file=args.api_keys_file,
+                          metrics_port=args.metrics_port)
+    workers = -1 if args.metrics_port < 0 else 0  # with the router's endpoint, one per worker on a free port
     if args.drafter in SELF_DRAFTERS:
         return StackConfig(router=router, drafts=(),
                            targets=(TargetConfig(model=args.target, dtype=args.dtype, drafter=args.drafter,
-                                                 draft=args.draft),))
+                                                 draft=args.draft, metrics_port=workers),))
     return StackConfig(router=router,
-                       targets=(TargetConfig(model=args.target, dtype=args.dtype),),
+                       targets=(TargetConfig(model=args.target, dtype=args.dtype, metrics_port=workers),),
                        drafts=(DraftConfig(drafter=args.drafter, model=args.draft, target_model=args.target,
-                                           dtype=args.dtype, pipeline=not args.no_pipeline),))
+                                           dtype=args.dtype, pipeline=not args.no_pipeline, metrics_port=workers),))
 
 
 def run_stack(args: argparse.Namespace) -> int:
@@ -67,8 +72,8 @@ def run_stack(args: argparse.Namespace) -> int:
         print(f"specdec stack ready: router on {stack.address} "
               f"(targets {', '.join(p.address for p in stack.targets)}; "
               f"drafts {', '.join(p.address for p in stack.drafts) or 'none'})"
-              + (f"; OpenAI-compatible HTTP API on http://{stack.http_address}/v1" if stack.http_address else ""),
-              flush=True)
+              + (f"; OpenAI-compatible HTTP API on http://{stack.http_address}/v1" if stack.http_address else "")
+              + metrics_detail(stack), flush=True)
         if args.demo:  # the same request plainly and speculatively, side by side (specdec/demo.py)
             from specdec.demo import served
 
@@ -91,3 +96,11 @@ def demo_drafter(config: StackConfig) -> str:
     if config.drafts:
         return config.drafts[0].drafter
     return config.targets[0].drafter if config.targets else "none"
+
+
+def metrics_detail(stack) -> str:
+    """'; Prometheus metrics: router http://.../metrics, target ..., draft ...' ('' when none serves any)."""
+    served = [(p.kind, p.metrics_address) for p in (stack.router, *stack.targets, *stack.drafts) if p.metrics_address]
+    if not served:
+        return ""
+    return "; Prometheus metrics: " + ", ".join(f"{kind} http://{address}/metrics" for kind, address in served)

@@ -63,18 +63,30 @@ class GenerationStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     prefill_s: float = 0.0
+    num_drafts: int = 0  # verify steps that verified a draft (at least one node)
+    # [i]: steps whose draft token at position i (depth i + 1) was accepted; sums to num_accepted_tokens
+    num_accepted_per_pos: tuple[int, ...] = ()
     tau: float = field(init=False)
     acceptance_rate: float = field(init=False)
     tokens_per_s: float = field(init=False)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        set_(self, "num_accepted_per_pos", tuple(self.num_accepted_per_pos))
         set_(self, "tau", self.num_new_tokens / self.num_target_forwards if self.num_target_forwards else 0.0)
         set_(self, "acceptance_rate", self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0)
         set_(self, "tokens_per_s", self.num_new_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def tally_accepted(per_pos: list[int], num_accepted: int) -> None:
+    """Add one step to a per-position count: the accepted path is a prefix of the draft, so
+    positions 0 .. num_accepted - 1 were accepted."""
+    per_pos.extend([0] * (num_accepted - len(per_pos)))
+    for i in range(num_accepted):
+        per_pos[i] += 1
 
 
 @dataclass(frozen=True)

@@ -31,12 +31,14 @@ def stats_to_pb(stats: GenerationStats) -> common_pb2.GenerationStats:
     return common_pb2.GenerationStats(
         num_new_tokens=stats.num_new_tokens, num_target_forwards=stats.num_target_forwards,
         num_draft_tokens=stats.num_draft_tokens, num_accepted_tokens=stats.num_accepted_tokens,
-        elapsed_s=stats.elapsed_s, draft_s=stats.draft_s, verify_s=stats.verify_s, prefill_s=stats.prefill_s)
+        elapsed_s=stats.elapsed_s, draft_s=stats.draft_s, verify_s=stats.verify_s, prefill_s=stats.prefill_s,
+        num_drafts=stats.num_drafts, num_accepted_per_pos=stats.num_accepted_per_pos)
 
 
 def stats_from_pb(msg: common_pb2.GenerationStats) -> GenerationStats:
     return GenerationStats(msg.num_new_tokens, msg.num_target_forwards, msg.num_draft_tokens,
-                           msg.num_accepted_tokens, msg.elapsed_s, msg.draft_s, msg.verify_s, msg.prefill_s)
+                           msg.num_accepted_tokens, msg.elapsed_s, msg.draft_s, msg.verify_s, msg.prefill_s,
+                           msg.num_drafts, tuple(msg.num_accepted_per_pos))
 
 
 def prompt_to_pb(request: generation_pb2.GenerateRequest, prompt) -> None:

@@ -71,16 +71,21 @@ def start_server(register: Callable[[grpc.Server], None], service_names: list[st
 
 
 def run_until_signalled(running: RunningServer, kind: str, on_stop: Callable[[], None] | None = None,
-                        ready_detail: str = "") -> int:
+                        ready_detail: str = "", telemetry=None) -> int:
     """Print the ready line (what `specdec serve` and tests wait for), then block until SIGTERM/SIGINT.
-    `ready_detail` is appended to it (the router's HTTP address)."""
+    `ready_detail` is appended to it (the router's HTTP address), then the Prometheus endpoint's
+    address if `telemetry` (specdec.telemetry.Telemetry) serves one; its spans are flushed at the end."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    print(f"specdec {kind} ready on {running.address}{ready_detail}", flush=True)
+    metrics = getattr(getattr(telemetry, "metrics", None), "address", "")
+    print(f"specdec {kind} ready on {running.address}{ready_detail}" + (f"; metrics on {metrics}" if metrics else ""),
+          flush=True)
     stop.wait()
     if on_stop is not None:
         on_stop()
     running.stop()
+    if telemetry is not None:
+        telemetry.shutdown()
     sys.stdout.flush()
     return 0

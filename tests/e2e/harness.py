@@ -22,8 +22,9 @@ def stack_config(models, drafter: str = "draft", pipeline: bool = True, **target
 
 
 @contextlib.contextmanager
-def running_stack(config: StackConfig):
-    stack = start_stack(config, env=ENV)
+def running_stack(config: StackConfig, env: dict | None = None):
+    """env: extra environment variables of every process (OTEL_* for the tracing tests)."""
+    stack = start_stack(config, env={**ENV, **(env or {})})
     try:
         yield stack
     finally:

@@ -18,18 +18,20 @@ from specdec.launch import _die_with_parent
 pytestmark = pytest.mark.e2e
 READY = re.compile(r"ready.*?(127\.0\.0\.1:\d+)")
 HTTP = re.compile(r"HTTP API on http://(127\.0\.0\.1:\d+)/v1")
+METRICS = re.compile(r"(router|target|draft) http://(127\.0\.0\.1:\d+)/metrics")
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
 def serve(args: list[str], timeout_s: float = 150.0):
-    """Start `specdec serve ...`; return (process, router address, HTTP API address) once it is ready."""
+    """Start `specdec serve ...`; return (process, router address, HTTP API address, {kind: Prometheus
+    address}) once it is ready."""
     process = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", *args], stdout=subprocess.PIPE,
                                stderr=subprocess.DEVNULL, text=True, env=ENV, preexec_fn=_die_with_parent)
     deadline = time.monotonic() + timeout_s
     for line in process.stdout:  # the stack prints exactly one line on stdout: the ready line
         match = READY.search(line)
         if match:
-            return process, match.group(1), HTTP.search(line).group(1)
+            return process, match.group(1), HTTP.search(line).group(1), dict(METRICS.findall(line))
         assert time.monotonic() < deadline
     stop(process)
     raise AssertionError("specdec serve exited before it was ready")
@@ -57,7 +59,7 @@ def test_serve_embedded_stack_matches_in_process():
 
     from specdec.engine import Engine
 
-    process, address, http_address = serve([])
+    process, address, http_address, metrics = serve(["--metrics-port", "0"])
     try:
         out = generate_json(address, "List three colours:", "--max-new-tokens", "24", "--chat")
         with openai.OpenAI(base_url=f"http://{http_address}/v1", api_key="unused", max_retries=0, timeout=120) as c:
@@ -72,7 +74,8 @@ def test_serve_embedded_stack_matches_in_process():
     (choice,) = chat.choices  # the same generation through the HTTP API
     assert choice.model_extra["token_ids"] == expected.token_ids and choice.message.content == expected.text
     assert choice.finish_reason == {"eos": "stop"}.get(expected.finish_reason, expected.finish_reason)
-    assert set(out) >= {"tau", "acceptance_rate", "tokens_per_s", "num_target_forwards"}
+    assert set(out) >= {"tau", "acceptance_rate", "tokens_per_s", "num_target_forwards", "num_accepted_per_pos"}
+    assert set(metrics) == {"router", "target", "draft"}  # --metrics-port: one endpoint per server
 
 
 def test_serve_config_file(tmp_path, tiny_models, reference):
@@ -85,13 +88,14 @@ def test_serve_config_file(tmp_path, tiny_models, reference):
         http_port = sock.getsockname()[1]
     config = tmp_path / "stack.yaml"
     config.write_text(f"router: {{max_queue: 4, max_active_per_user: 1, max_queued_per_user: 1, "
-                      f"http_port: {http_port}}}\n"
+                      f"http_port: {http_port}, metrics_port: 0}}\n"
                       f"targets:\n  - {{model: {tiny_models['target']}, dtype: float32, num_threads: 1, "
                       f"max_kv_tokens: 4096}}\n"
                       f"drafts:\n  - {{drafter: ngram, target_model: {tiny_models['target']}}}\n")
-    process, address, http_address = serve(["--config", str(config)])
+    process, address, http_address, metrics = serve(["--config", str(config)])
     try:
         out = generate_json(address, "Hello", "--max-new-tokens", "20", "--user", "alice")
+        scraped = httpx.get(f"http://{metrics['router']}/metrics", timeout=10).text
         assert http_address == f"127.0.0.1:{http_port}"
         completion = httpx.post(f"http://{http_address}/v1/completions", timeout=60,
                                 json={"prompt": "Hello", "max_tokens": 20, "return_token_ids": True}).json()
@@ -103,6 +107,8 @@ def test_serve_config_file(tmp_path, tiny_models, reference):
     assert out["token_ids"] == reference("ngram", "Hello", SamplingParams(max_new_tokens=20)).token_ids
     assert completion["choices"][0]["token_ids"] == out["token_ids"]
     assert bad.returncode == 2 and "prompt is empty" in bad.stderr
+    assert set(metrics) == {"router"}  # only the router's metrics_port is set in the file
+    assert f"specdec:spec_decode_num_accepted_tokens_total {float(out['num_accepted_tokens'])}" in scraped
 
 
 def per_user_caps_hold(address: str) -> None:

@@ -36,7 +36,7 @@ def test_unset_params_take_defaults_and_bad_ones_raise():
 
 
 def test_stats_round_trip():
-    stats = GenerationStats(10, 4, 12, 6, 1.5, 0.1, 0.9, 0.2)
+    stats = GenerationStats(10, 4, 12, 6, 1.5, 0.1, 0.9, 0.2, 3, (3, 2, 1))
     assert stats_from_pb(stats_to_pb(stats)) == stats
 
 

@@ -26,7 +26,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
-    __slots__ = ("num_new_tokens", "num_target_forwards", "num_draft_tokens", "num_accepted_tokens", "elapsed_s", "draft_s", "verify_s", "prefill_s")
+    __slots__ = ("num_new_tokens", "num_target_forwards", "num_draft_tokens", "num_accepted_tokens", "elapsed_s", "draft_s", "verify_s", "prefill_s", "num_drafts", "num_accepted_per_pos")
     NUM_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_TARGET_FORWARDS_FIELD_NUMBER: _ClassVar[int]
     NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,8 @@ class GenerationStats(_message.Message):
     DRAFT_S_FIELD_NUMBER: _ClassVar[int]
     VERIFY_S_FIELD_NUMBER: _ClassVar[int]
     PREFILL_S_FIELD_NUMBER: _ClassVar[int]
+    NUM_DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_ACCEPTED_PER_POS_FIELD_NUMBER: _ClassVar[int]
     num_new_tokens: int
     num_target_forwards: int
     num_draft_tokens: int
@@ -43,7 +45,9 @@ class GenerationStats(_message.Message):
     draft_s: float
     verify_s: float
     prefill_s: float
-    def __init__(self, num_new_tokens: _Optional[int] = ..., num_target_forwards: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., elapsed_s: _Optional[float] = ..., draft_s: _Optional[float] = ..., verify_s: _Optional[float] = ..., prefill_s: _Optional[float] = ...) -> None: ...
+    num_drafts: int
+    num_accepted_per_pos: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, num_new_tokens: _Optional[int] = ..., num_target_forwards: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., elapsed_s: _Optional[float] = ..., draft_s: _Optional[float] = ..., verify_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., num_drafts: _Optional[int] = ..., num_accepted_per_pos: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("sequence_id",)

@@ -64,14 +64,23 @@ class DraftTree(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., parent_ids: _Optional[_Iterable[int]] = ..., q: _Optional[_Iterable[_Union[SparseDistribution, _Mapping]]] = ...) -> None: ...
 
 class DraftMessage(_message.Message):
-    __slots__ = ("sequence_id", "version", "tree")
+    __slots__ = ("sequence_id", "version", "tree", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TREE_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     sequence_id: str
     version: int
     tree: DraftTree
-    def __init__(self, sequence_id: _Optional[str] = ..., version: _Optional[int] = ..., tree: _Optional[_Union[DraftTree, _Mapping]] = ...) -> None: ...
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, sequence_id: _Optional[str] = ..., version: _Optional[int] = ..., tree: _Optional[_Union[DraftTree, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Refusal(_message.Message):
     __slots__ = ("kind", "reason", "current_version", "context_ids")
