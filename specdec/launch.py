@@ -7,7 +7,6 @@ Each worker is `python -m specdec.cli serve <kind> --flags...`, bound to 127.0.0
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import os
 import queue
 import re

@@ -165,8 +165,9 @@ class TargetWorker(DraftIntake):
         try:
             if self.fault is not None:
                 self.fault("prefill", [seq_id])
-            with self.model_lock:
-                self.mirror.prefill(seq, self.config.prefill_chunk_tokens)
+            with self.telemetry.span(SPAN_PREFILL, parent=state.trace_parent,
+                                     attributes={GEN_AI_INPUT_TOKENS: len(seq.prompt_ids)}), self.model_lock:
+                self.mirror.prefill(seq, self.config.prefill_chunk_tokens)  # a span per chunk
         except Exception as exc:  # noqa: BLE001
             log.exception("prefill failed for %s", seq_id)
             return self._fail(seq_id, state, Internal(f"sequence {seq_id}: prefill failed: {exc}"))
@@ -179,6 +180,7 @@ class TargetWorker(DraftIntake):
             self.policy.add(seq_id)
             self.policy.announce(seq_id)
             self.cond.notify_all()
+        self.instruments.prefill_s.observe(seq.prefill_s)
         state.outbox.put(target_pb2.Commit(sequence_id=seq_id, version=0, prefill_s=seq.prefill_s))
         return None
 
