@@ -16,7 +16,8 @@
    off, sampled and every step, and the export behind it (OTLP protobuf encoding, or OTLP JSON lines).
 3. Breakdown: the `every step` stack under 1 and then 8 concurrent users (specdec.loadtest); its spans,
    split per level by trace once the stack has stopped (and flushed), go through
-   `specdec trace-report` into a stacked per-step plot.
+   `specdec trace-report` into a stacked per-step plot. With `--only breakdown --speculate-always` the
+   stack drafts --k tokens every step (the speculation policy off), so drafting shows in the plot.
 """
 from __future__ import annotations
 
@@ -53,11 +54,16 @@ def modes(out: Path) -> dict[str, tuple[dict, int]]:
             "sampled": ({**traced, "SPECDEC_TRACES_FILE": str(out / "spans_sampled.jsonl")}, -1)}
 
 
-def stack_config(args, metrics_port: int) -> StackConfig:
+def stack_config(args, metrics_port: int, speculate_always: bool = False) -> StackConfig:
+    """speculate_always: every step drafts args.k tokens (no adaptive depth, no load-aware budget), so
+    the breakdown shows drafting even where the policy would switch it off."""
+    adaptive = not speculate_always
     return StackConfig(
         router=RouterConfig(metrics_port=metrics_port, http_port=-1, max_active=8),
-        targets=(TargetConfig(model=args.target, num_threads=1, metrics_port=metrics_port),),
-        drafts=(DraftConfig(drafter="draft", target_model=args.target, num_threads=1, metrics_port=metrics_port),))
+        targets=(TargetConfig(model=args.target, num_threads=1, metrics_port=metrics_port, adaptive=adaptive,
+                              load_aware=adaptive),),
+        drafts=(DraftConfig(drafter="draft", target_model=args.target, num_threads=1, metrics_port=metrics_port,
+                            adaptive=adaptive, num_speculative_tokens=args.k if speculate_always else 8),))
 
 
 def overhead(args, stacks: dict, params: SamplingParams) -> list[dict]:
@@ -163,10 +169,11 @@ def split_by_level(spans_file: Path, windows: dict[str, tuple[int, int]], out: P
         path = files[level] = out / f"spans_{level}.jsonl"
         with path.open("w") as f:
             for doc in lines:
-                for rs in doc.get("resourceSpans", []):
-                    for ss in rs.get("scopeSpans", []):
-                        ss["spans"] = [s for s in ss.get("spans", []) if s["traceId"] in traces]
-                f.write(json.dumps(doc) + "\n")
+                kept = {"resourceSpans": [
+                    {**rs, "scopeSpans": [{**ss, "spans": [s for s in ss.get("spans", []) if s["traceId"] in traces]}
+                                          for ss in rs.get("scopeSpans", [])]}
+                    for rs in doc.get("resourceSpans", [])]}
+                f.write(json.dumps(kept) + "\n")
     return files
 
 
@@ -209,6 +216,10 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3, help="passes over the prompts")
     parser.add_argument("--requests-per-user", type=int, default=2, help="breakdown: requests per user and level")
+    parser.add_argument("--only", choices=("overhead", "breakdown"), default=None, help="run one part")
+    parser.add_argument("--speculate-always", action="store_true",
+                        help="breakdown: draft --k tokens every step (the policy off), to see drafting in the plot")
+    parser.add_argument("--k", type=int, default=4, help="draft tokens per step with --speculate-always")
     parser.add_argument("--out", default="/tmp/specdec-tracing", help="spans and figures go here")
     parser.add_argument("--plot", default="benchmarks/results/trace_steps.png")
     parser.add_argument("--json-out", default="benchmarks/results/tracing.json")
@@ -217,23 +228,30 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.jsonl"):
         old.unlink()
-    cpu = step_cpu_us()
-    print(f"CPU per step, us: {cpu}", flush=True)
+    result = {"machine": cpu_info(), "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
+              "speculate_always": args.speculate_always}
+    if args.only != "breakdown":
+        result["step_cpu_us"] = step_cpu_us()
+        print(f"CPU per step, us: {result['step_cpu_us']}", flush=True)
+    chosen = {n: m for n, m in modes(out).items() if args.only is None or n == "every step" or args.only == "overhead"}
     stacks = {}
     try:
-        for name, (env, metrics_port) in modes(out).items():
-            stacks[name] = start_stack(stack_config(args, metrics_port), env=env)
+        for name, (env, metrics_port) in chosen.items():
+            breakdown_only = args.only == "breakdown"
+            stacks[name] = start_stack(stack_config(args, metrics_port, breakdown_only and args.speculate_always),
+                                       env=env)
             print(f"{name}: router on {stacks[name].address}", flush=True)
-        rows = overhead(args, stacks, SamplingParams(max_new_tokens=args.max_new_tokens))
+        if args.only != "breakdown":
+            result["overhead"] = overhead(args, stacks, SamplingParams(max_new_tokens=args.max_new_tokens))
         for name in [n for n in stacks if n != "every step"]:
             stacks.pop(name).stop()  # the breakdown runs alone
-        windows = load_levels(args, stacks["every step"])
+        if args.only != "overhead":
+            windows = load_levels(args, stacks["every step"])
     finally:
         for stack in stacks.values():
             stack.stop()  # each process exports what it still holds as it stops
-    steps = breakdown(args, out / "spans_all.jsonl", windows, out)
-    result = {"machine": cpu_info(), "max_new_tokens": args.max_new_tokens, "rounds": args.rounds,
-              "step_cpu_us": cpu, "overhead": rows, "breakdown": steps}
+    if args.only != "overhead":
+        result["breakdown"] = breakdown(args, out / "spans_all.jsonl", windows, out)
     Path(args.json_out).write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
     return 0
