@@ -26,6 +26,7 @@ def specdec(*args: str, timeout_s: float = 240) -> subprocess.CompletedProcess:
     (["generate", "--top-p", "1.5", "hi"], "top_p must be in (0, 1]"),
     (["generate", "--target", "/no/such/dir", "hi"], "does not exist"),
     (["generate", "--drafter", "draft", "--draft", "/no/such/draft", "hi"], "does not exist"),
+    (["generate", "--drafter", "suffix", "--tree-width", "2", "hi"], "takes no option tree_width"),
 ])
 def test_bad_input_is_one_line_exit_2(args, message, smol_path):
     result = specdec(*args)
@@ -42,7 +43,7 @@ def test_unknown_flag_exits_2():
 
 def test_json_output_matches_plain_decoding(smol_path):
     runs = []
-    for drafter in ("none", "ngram"):
+    for drafter in ("none", "ngram", "suffix"):
         result = specdec("generate", "--json", "--chat", "--drafter", drafter, "--max-new-tokens", "12",
                          'Repeat exactly: {"a": 1, "b": 2}')
         assert result.returncode == 0, result.stderr
@@ -50,7 +51,7 @@ def test_json_output_matches_plain_decoding(smol_path):
     for out in runs:
         assert {"text", "token_ids"} | STATS_FIELDS <= set(out)
         assert len(out["token_ids"]) <= 12 and out["text"]
-    assert runs[0]["token_ids"] == runs[1]["token_ids"]
+    assert runs[0]["token_ids"] == runs[1]["token_ids"] == runs[2]["token_ids"]
     assert runs[0]["tau"] == 1.0
 
 

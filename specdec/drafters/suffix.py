@@ -3,12 +3,12 @@
 Two suffix tries (specdec.drafters.suffix_tree) are matched against the end of the context at every
 step: the session's own over the current prompt and output, and the drafter's global one over the
 outputs of earlier generations it drafted for, each behind the end of its prompt (one store per
-engine or draft worker, bounded in tokens, oldest evicted first). From the longest earlier occurrence of the context's end, each proposes a tree of
-the continuations that followed it, most frequent first, and the tree with the larger expected
-number of accepted tokens goes to the target. How much to speculate follows the match: a match of m
-tokens allows up to `spec_factor * m` nodes, so a long verbatim match (an agent resending its own
-earlier output, a JSON record being reformatted) buys a deep draft and a two-token coincidence a
-short one.
+engine or draft worker, bounded in tokens, oldest evicted first). From the longest earlier
+occurrence of the context's end, each proposes a tree of the continuations that followed it, most
+frequent first, and the tree with the larger expected number of accepted tokens goes to the
+target. How much to speculate follows the match: a match of m tokens allows up to `spec_factor * m`
+nodes, so a long verbatim match (an agent resending its own earlier output, a JSON record being
+reformatted) buys a deep draft and a two-token coincidence a short one.
 
 No model and no randomness (q = None: every node is a deterministic choice), so the drafts are
 exact under any temperature; it costs microseconds per step on the CPU.
@@ -28,6 +28,10 @@ from specdec.drafters.suffix_tree import SuffixTrie
 from specdec.errors import InvalidArgument
 
 REBUILD_AFTER = 64  # a rollback longer than this rebuilds the session's trie instead of popping token by token
+# A session drafts for one sequence, whose committed prefix never changes: only its last few tokens
+# can differ from what the session saw (a rejected pipelined guess). So a new context is compared
+# with the session's over this many trailing tokens, not over its whole length (O(1) per step).
+CHECK_WINDOW = 64
 
 
 @dataclass(frozen=True)
@@ -120,8 +124,10 @@ class SuffixSession:
 
     def _sync(self, context_ids: list[int]) -> None:
         mine = self.trie.tokens
-        if context_ids[:len(mine)] != mine:  # a rollback: drop what the new context does not share
-            keep = common_prefix_len(mine, context_ids)
+        n = min(len(mine), len(context_ids))
+        start = max(0, n - CHECK_WINDOW)
+        if len(mine) > n or context_ids[start:n] != mine[start:n]:  # a rollback: drop what is not shared
+            keep = start + common_prefix_len(mine[start:n], context_ids[start:n])
             if len(mine) - keep > REBUILD_AFTER:
                 self.trie = SuffixTrie(self.config.max_depth)
             else:
@@ -155,8 +161,7 @@ class SuffixSession:
         into the answers that followed it, while long prompts do not eat the store's budget."""
         if self.closed:
             return
-        self.closed = True
-        self.trie = SuffixTrie(self.config.max_depth)  # free the memory now
+        self.closed = True  # the trie stays: a draft worker's thread may still be inside propose()
         if self.store is not None and len(context_ids) > num_prompt_tokens:
             self.store.add(context_ids[max(0, num_prompt_tokens - self.config.max_depth):])
 

@@ -105,3 +105,20 @@ def test_sampled_tokens_follow_target_distribution(tiny_target):
     assert num_draws // 2 < accepted < 0.9 * drafted  # drafts were accepted and rejected along the way
     kl, tolerance = g_test_kl(counts, exact_joint(target_next_probs(tiny_target, params), prompt), num_draws)
     assert kl <= tolerance, f"KL {kl:.5f} > tolerance {tolerance:.5f}"
+
+
+def test_every_entry_point_accepts_the_suffix_drafter():
+    from specdec.bench.methods import resolve_methods
+    from specdec.cli import build_parser
+    from specdec.commands.serve import stack_config
+    from specdec.serving_config import DraftConfig
+
+    parser = build_parser()
+    assert parser.parse_args(["generate", "--drafter", "suffix", "hi"]).drafter == "suffix"
+    assert parser.parse_args(["loadtest", "--drafter", "suffix"]).drafter == "suffix"
+    served = stack_config(parser.parse_args(["serve", "--drafter", "suffix"]))
+    assert [d.drafter for d in served.drafts] == ["suffix"] and served.targets[0].drafter == "none"
+    assert parser.parse_args(["serve", "draft", "--drafter", "suffix"]).drafter == "suffix"
+    with pytest.raises(InvalidArgument, match="ngram, suffix or draft"):
+        DraftConfig(drafter="medusa")
+    assert [m.drafter for m in resolve_methods(["suffix"])] == ["none", "suffix"]
