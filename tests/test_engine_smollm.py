@@ -26,6 +26,7 @@ def reference(plain):
 @pytest.mark.parametrize("config", [
     dict(drafter="ngram"),
     dict(drafter="ngram", num_branches=3),
+    dict(drafter="suffix"),
     dict(drafter="draft"),
     dict(drafter="draft", tree_width=2, num_speculative_tokens=3, adaptive=False),
 ], ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
