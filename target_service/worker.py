@@ -268,3 +268,5 @@ class TargetWorker(DraftIntake):
         state.outbox.put(commit)
         if seq.finish_reason is not None:
             state.outbox.put(None)
+            if hasattr(state.session, "close"):  # in-target drafters that learn from finished generations
+                state.session.close(seq.context, len(seq.prompt_ids))  # on the decode thread, which drafts
