@@ -38,7 +38,7 @@ class Flip:
     plain_token: int
     spec_token: int
     top2_gap: float  # target logit of its best token minus its second best, at that position
-    spec_token_rank: int  # 0 = the target's argmax in the plain forward, 1 = its runner-up, ...
+    spec_token_rank: int  # tokens with a strictly larger logit in the plain forward: 0 = (tied) argmax
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,7 @@ def _cpuinfo() -> str:
 def table(report: dict) -> str:
     """One row per dtype and drafter: flips / questions, and the positions and gaps of the flips."""
     rows = ["| dtype | drafter | flipped / questions | share | first flip at token | top-2 logit gap there | "
-            "flipped to the target's runner-up |",
+            "rank of the speculative token there |",
             "|---|---|---|---|---|---|---|"]
     keys = dict.fromkeys((r["dtype"], r["drafter"]) for r in report["records"])
     for dtype, drafter in keys:
@@ -172,9 +172,9 @@ def table(report: dict) -> str:
         flips = [r["flip"] for r in records if r["flip"] is not None]
         positions = ", ".join(str(f["position"]) for f in flips) or "-"
         gaps = ", ".join(f"{f['top2_gap']:.3g}" for f in flips) or "-"
-        runner_up = f"{sum(f['spec_token_rank'] == 1 for f in flips)} of {len(flips)}" if flips else "-"
+        ranks = ", ".join(str(f["spec_token_rank"]) for f in flips) or "-"
         rows.append(f"| {dtype} | {drafter} | {len(flips)} / {len(records)} | {len(flips) / len(records):.0%} | "
-                    f"{positions} | {gaps} | {runner_up} |")
+                    f"{positions} | {gaps} | {ranks} |")
     return "\n".join(rows) + "\n"
 
 
@@ -197,7 +197,8 @@ def write(report: dict, out: str) -> None:
 def render(paths: list[str], out: str) -> dict:
     """One report from several runs (say float32 and bfloat16, run separately with different sizes)."""
     reports = [json.loads(Path(p).read_text()) for p in paths]
-    merged = {"runs": [r["settings"] for r in reports], "records": [rec for r in reports for rec in r["records"]]}
+    merged = {"runs": [run for r in reports for run in r.get("runs") or [r["settings"]]],
+              "records": [rec for r in reports for rec in r["records"]]}
     write(merged, out)
     return merged
 
