@@ -75,10 +75,9 @@ def target(tiny_models):
 
 
 def admit(stub, seq_id: str):
-    call = stub.Admit(target_pb2.AdmitRequest(sequence_id=seq_id, prompt_ids=PROMPTS[seq_id],
+    """The Admit stream; its first message (version 0) says the prompt is prefilled."""
+    return stub.Admit(target_pb2.AdmitRequest(sequence_id=seq_id, prompt_ids=PROMPTS[seq_id],
                                               params=params_to_pb(PARAMS)), timeout=60)
-    next(call)  # prefilled
-    return call
 
 
 def collect(call, into: dict, key: str) -> None:
@@ -130,7 +129,7 @@ def test_a_dead_loop_says_so_and_ends_every_stream(target, tiny_models):
         health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
         assert health.status == health_pb2.HealthCheckResponse.NOT_SERVING
         with pytest.raises(grpc.RpcError) as refused:
-            admit(stub, "good")
+            next(admit(stub, "good"))
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
     with running("router", RouterConfig(targets=(address,), tokenizer=str(tiny_models["target"]))) as router, \
             Client(router.address) as client:
