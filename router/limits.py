@@ -16,13 +16,12 @@ InvalidArgument whose message starts with the field and names the limit.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from specdec.core.types import check_temperature
 from specdec.errors import InvalidArgument
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
-MAX_TEMPERATURE = 100.0  # beyond it every token ties: no model's distribution is left to sample
 # The message bytes a request may carry besides its prompt and stop strings: the user name, sampling
 # parameters and the protobuf framing of each chat message (role, tags, lengths).
 OTHER_FIELDS_BYTES = 4096
@@ -88,10 +87,7 @@ def check_request(request, limits: RequestLimits) -> None:
     for stop in stops:
         _check_bytes("stop string", stop, limits.max_stop_bytes, "max_stop_bytes", "stop: ")
     if request.params.HasField("temperature"):
-        temperature = request.params.temperature
-        if not math.isfinite(temperature) or not 0.0 <= temperature <= MAX_TEMPERATURE:
-            raise InvalidArgument(f"temperature must be a finite number in [0, {MAX_TEMPERATURE:g}] "
-                                  f"(0 = greedy), got {temperature}")
+        check_temperature(request.params.temperature)
 
 
 def _check_bytes(what: str, text: str, limit: int, name: str = "max_prompt_bytes", prefix: str = "") -> None:

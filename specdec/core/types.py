@@ -14,6 +14,14 @@ MIN_TEMPERATURE = 1e-2
 MAX_TEMPERATURE = 100.0
 
 
+def check_temperature(temperature) -> None:
+    """The one temperature rule (the engine, the router and the CLI all refuse with this message)."""
+    if (not isinstance(temperature, (int, float)) or not math.isfinite(temperature)
+            or not (temperature == 0 or MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE)):
+        raise InvalidArgument(f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}], "
+                              f"got {temperature}")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick tokens. temperature 0 is greedy; top_k 0 and top_p 1 disable those filters."""
@@ -27,10 +35,7 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if (not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature)
-                or not (self.temperature == 0 or MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE)):
-            raise InvalidArgument(f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}], "
-                                  f"got {self.temperature}")
+        check_temperature(self.temperature)
         if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
             raise InvalidArgument(f"top_p must be in (0, 1], got {self.top_p}")
         if not isinstance(self.top_k, int) or self.top_k < 0:

@@ -37,7 +37,7 @@ def request(**prompt) -> generation_pb2.GenerateRequest:
     (dict(messages=[("user", "a" * 600), ("assistant", "b" * 400)]), "more than 1000 bytes (max_prompt_bytes)"),
     (dict(text="hi", stop=["a", "b", "c"]), "3 stop strings; the limit is 2 (max_stop_strings)"),
     (dict(text="hi", stop=["a" * 9]), "stop: stop string is at least 9 bytes; the limit is 8 (max_stop_bytes)"),
-    (dict(text="hi", temperature=math.inf), "temperature must be a finite number in [0, 100]"),
+    (dict(text="hi", temperature=math.inf), "temperature must be 0 (greedy) or in [0.01, 100]"),
     (dict(text="hi", temperature=math.nan), "temperature"),
     (dict(text="hi", temperature=-1.0), "temperature"),
     (dict(text="hi", temperature=100.5), "temperature"),
