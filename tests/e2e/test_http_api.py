@@ -138,7 +138,7 @@ def test_deadline_is_504_and_releases(http_stack, client, model_id):
 
 @pytest.mark.parametrize("kwargs,param,words", [
     (dict(prompt="hi", n=2), "n", "not supported"),
-    (dict(prompt="hi", temperature=-1), "temperature", "temperature must be >= 0"),
+    (dict(prompt="hi", temperature=-1), "temperature", "temperature must be 0 (greedy) or in [0.01, 100]"),
     (dict(prompt="hi", top_p=1.5), "top_p", "top_p must be in (0, 1]"),
     (dict(prompt=""), "prompt", "prompt is empty"),
     (dict(prompt=[1, 2, 10 ** 9]), "prompt", "outside the vocabulary"),
