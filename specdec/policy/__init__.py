@@ -103,6 +103,8 @@ class SpeculationPolicy:
         """The trees one forward verifies. sampled[i]: trees[i] was drawn at random (q given and the
         sequence samples): cut only to its planned prefix. Others: cut to the batch's best R."""
         out = [_prefix(t, self.planned.get(k, NO_CAP)) if s else t for k, t, s in zip(keys, trees, sampled)]
+        if not self.batch.config.enabled:  # no batch budget: nothing more to choose (the engine's one sequence)
+            return out
         orders = [node_order(t, self.alpha(k)) for k, t in zip(keys, out)]
         best = self.batch.choose([[p for _, p in order] for order in orders], len(out))
         return [t if s else keep_nodes(t, [i for i, _ in order[:best]])
