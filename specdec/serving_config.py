@@ -113,12 +113,17 @@ class RouterConfig:
     max_messages: int = 512
     tokenize_threads: int = 2  # long prompts are tokenized on this many threads at once (router.tokenize_pool)
     metrics_port: int = -1  # Prometheus endpoint on 127.0.0.1 (GET /metrics): -1 = none, 0 = any free port
+    # Worker discovery (router.discovery): a YAML file {targets: [...], drafts: [...]} re-read every
+    # discovery_interval_s (the Ray deployment keeps it current), and entries dns:NAME:PORT in targets /
+    # drafts, re-resolved as often: workers that appear are used, workers that vanish get no more work.
+    workers_file: str | None = None
+    discovery_interval_s: float = 2.0
 
     def __post_init__(self) -> None:
         if (self.max_active < 1 or self.max_queue < 0 or self.worker_timeout_s <= 0 or self.max_active_per_user < 0
                 or self.max_queued_per_user < 0 or self.http_port < -1 or self.max_prompt_bytes < 0
                 or self.max_stop_strings < 0 or self.max_stop_bytes < 1 or self.max_messages < 1
-                or self.tokenize_threads < 1 or self.metrics_port < -1):
+                or self.tokenize_threads < 1 or self.metrics_port < -1 or self.discovery_interval_s <= 0):
             raise InvalidArgument(f"invalid router config {self}")
 
 
