@@ -18,20 +18,13 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 from specdec.errors import InvalidArgument
+from specdec.worker_list import WorkerSet, read_workers_file
 
 log = logging.getLogger(__name__)
 DNS_PREFIX = "dns:"
-
-
-@dataclass(frozen=True)
-class WorkerSet:
-    targets: tuple[str, ...] = ()  # host:port, in the order found
-    drafts: tuple[str, ...] = ()
 
 
 def split_host_port(entry: str) -> tuple[str, int]:
@@ -55,41 +48,6 @@ def resolve_entry(entry: str, getaddrinfo: Callable = socket.getaddrinfo) -> lis
     v4 = sorted({r[4][0] for r in records if r[0] == socket.AF_INET})
     v6 = sorted({r[4][0] for r in records if r[0] == socket.AF_INET6})
     return [f"{ip}:{port}" for ip in v4] + [f"[{ip}]:{port}" for ip in v6]
-
-
-def read_workers_file(path: str | Path) -> WorkerSet:
-    """The file's lists; a missing file lists nobody; a malformed one raises InvalidArgument."""
-    import yaml
-
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        return WorkerSet()
-    except OSError as exc:
-        raise InvalidArgument(f"cannot read workers file {str(path)!r}: {exc}") from exc
-    try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        raise InvalidArgument(f"workers file {str(path)!r} is not YAML: {exc}") from exc
-    if not isinstance(data, dict) or set(data) - {"targets", "drafts"}:
-        raise InvalidArgument(f"workers file {str(path)!r} must be a mapping with keys targets and drafts")
-    lists = []
-    for key in ("targets", "drafts"):
-        items = data.get(key) or []
-        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-            raise InvalidArgument(f"workers file {str(path)!r}: {key} must be a list of HOST:PORT strings")
-        lists.append(tuple(items))
-    return WorkerSet(*lists)
-
-
-def write_workers_file(path: str | Path, workers: WorkerSet) -> None:
-    """Replace the file in one step (write aside, rename), so a reader never sees half of it."""
-    import yaml
-
-    path = Path(path)
-    aside = path.with_name(path.name + ".tmp")
-    aside.write_text(yaml.safe_dump({"targets": list(workers.targets), "drafts": list(workers.drafts)}))
-    aside.replace(path)
 
 
 def _unique(items) -> tuple[str, ...]:

@@ -135,6 +135,9 @@ class StackConfig:
     targets: tuple[TargetConfig, ...] = (TargetConfig(),)
     drafts: tuple[DraftConfig, ...] = (DraftConfig(),)
     ready_timeout_s: float = 300.0
+    # `make deploy`'s section (specdec.deploy.config.DeployConfig): placement, restarts, images; None =
+    # its defaults. `specdec serve` ignores it.
+    deploy: object = None
 
 
 def build_config(cls, values, where: str):
@@ -162,7 +165,7 @@ def _many(cls, data, where: str) -> tuple:
 
 
 def load_stack_config(path: str | Path) -> StackConfig:
-    """Read a YAML deployment: keys router, targets (or target), drafts (or draft), ready_timeout_s."""
+    """Read a YAML deployment: keys router, targets (or target), drafts (or draft), ready_timeout_s, deploy."""
     import yaml
 
     try:
@@ -172,7 +175,7 @@ def load_stack_config(path: str | Path) -> StackConfig:
     if not isinstance(data, dict):
         raise InvalidArgument(f"{path}: a deployment must be a mapping (router, targets, drafts), "
                               f"got {type(data).__name__}")
-    unknown = set(data) - {"router", "targets", "target", "drafts", "draft", "ready_timeout_s"}
+    unknown = set(data) - {"router", "targets", "target", "drafts", "draft", "ready_timeout_s", "deploy"}
     if unknown:
         raise InvalidArgument(f"{path}: unknown keys {', '.join(sorted(unknown))}")
     targets = data.get("targets", data.get("target"))
@@ -180,7 +183,14 @@ def load_stack_config(path: str | Path) -> StackConfig:
     return StackConfig(router=build_config(RouterConfig, data.get("router"), "router"),
                        targets=_many(TargetConfig, targets, "targets") if targets is not None else (TargetConfig(),),
                        drafts=_many(DraftConfig, drafts, "drafts") if drafts is not None else (DraftConfig(),),
-                       ready_timeout_s=float(data.get("ready_timeout_s", 300.0)))
+                       ready_timeout_s=float(data.get("ready_timeout_s", 300.0)),
+                       deploy=_deploy_section(data.get("deploy")))
+
+
+def _deploy_section(values):
+    from specdec.deploy.config import DeployConfig, build_nested
+
+    return build_nested(DeployConfig, values, "deploy")
 
 
 def add_config_args(parser: argparse.ArgumentParser, cls) -> None:

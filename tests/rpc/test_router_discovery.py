@@ -7,9 +7,10 @@ import socket
 import pytest
 
 from router.admission import Admission
-from router.discovery import Discovery, WorkerSet, read_workers_file, resolve_entry, write_workers_file
+from router.discovery import Discovery, resolve_entry
 from router.pool import WorkerPool
 from specdec.errors import InvalidArgument, Unavailable
+from specdec.worker_list import WorkerSet, read_workers_file, write_workers_file
 
 
 def fake_dns(table: dict[str, list[str]]):
