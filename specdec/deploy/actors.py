@@ -40,6 +40,13 @@ def placed_on_node(config, node_ip: str):
     return config
 
 
+def node_ip(ray) -> str:
+    """The address this actor's node registered with (ray.util.get_node_ip_address guesses from the
+    routes instead, which on a cluster bound to 127.0.0.1 is the wrong answer)."""
+    here = ray.get_runtime_context().get_node_id()
+    return next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == here), ray.util.get_node_ip_address())
+
+
 def drain_timeout_s(config, default: float = 30.0) -> float:
     return float(getattr(config, "drain_timeout_s", None) or default)
 
@@ -53,7 +60,7 @@ class ServerActor:
         import ray
 
         self.kind, self.rank, self.ready_timeout_s = kind, rank, ready_timeout_s
-        self.node_ip = ray.util.get_node_ip_address()
+        self.node_ip = node_ip(ray)
         self.config = placed_on_node(config, self.node_ip)
         self.env = {k: str(v) for k, v in env.items()}
         self.process: launch.ServerProcess | None = None

@@ -96,9 +96,11 @@ def start_local(stack: StackConfig, path: Path, echo=print) -> str:
     port = free_port()
     path.parent.mkdir(parents=True, exist_ok=True)
     log_path = path.with_suffix(".log")
+    # Ray replaces a loopback --node-ip-address by the machine's outward IP unless told it runs on one machine
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     with open(log_path, "w") as log:
         popen = subprocess.Popen(head_command(stack, port), stdout=log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, start_new_session=True)
+                                 stdin=subprocess.DEVNULL, start_new_session=True, env=env)
     wait_started(popen, follow(log_path, popen))
     address = f"127.0.0.1:{port}"
     path.write_text(json.dumps({"pid": popen.pid, "address": address, "log": str(log_path)}))
@@ -123,11 +125,15 @@ def stop_local(path: Path, timeout_s: float = STOP_TIMEOUT_S) -> bool:
 
 
 def _gone(pid: int) -> bool:
+    """Exited: reaped, or a zombie its (adoptive) parent has not reaped yet."""
     try:  # reap it if it is our child (started by this process)
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         pass
-    return not Path(f"/proc/{pid}").exists()
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def run_head(command: str, echo=print) -> subprocess.Popen:

@@ -111,12 +111,12 @@ def place_target(ray, config: DeployConfig, name: str, tp: int):
 
 def up(stack: StackConfig, address: str | None = None, echo=print) -> Deployed:
     """Place the workers, wait until they serve, then the router; on any failure remove what was placed."""
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
     config = deploy_config(stack)
     named = names(config, stack)
     env = dict(config.env)
     with connected(address, config.namespace) as ray:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
         if f"{config.name}-router" in named_actors(ray, config):
             raise InvalidArgument(f"{config.name} is already deployed in namespace {config.namespace}: "
                                   f"`specdec deploy down` first (or `specdec deploy status`)")

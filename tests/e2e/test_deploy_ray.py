@@ -1,6 +1,7 @@
 """`make deploy`'s code path (specdec.deploy.ray_stack.up) on a Ray cluster of three nodes on this
 machine, each offering its own custom resource: the router lands on the head, the draft worker on the
-draft node, the target on the target node; greedy output equals the in-process engine's; a draft
+draft node, the target's two tensor-parallel ranks together on the target node (one STRICT_PACK
+placement group); greedy output equals the in-process engine's; a draft
 worker killed mid-generation costs the request nothing, Ray restarts it on a new port and the router
 finds it there and uses it again; `down` leaves no process behind.
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -38,7 +40,7 @@ def cluster():
     try:
         nodes = {"router": cluster.head_node.node_id,
                  "draft": cluster.add_node(**NODE, resources={"specdec_draft": 1}).node_id,
-                 "target": cluster.add_node(**NODE, resources={"specdec_target": 1}).node_id}
+                 "target": cluster.add_node(**{**NODE, "num_cpus": 2}, resources={"specdec_target": 2}).node_id}
         ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False, logging_level="WARNING")
         yield cluster, nodes
     finally:
@@ -53,7 +55,7 @@ def deployed(cluster, tiny_models):
     target = str(tiny_models["target"])
     stack = StackConfig(
         router=RouterConfig(max_active=4, max_queue=4, http_port=-1, discovery_interval_s=0.5),
-        targets=(TargetConfig(model=target, dtype="float32", num_threads=1),),
+        targets=(TargetConfig(model=target, dtype="float32", num_threads=1, tp=2),),
         drafts=(DraftConfig(drafter="draft", model=str(tiny_models["draft"]), target_model=target, dtype="float32",
                             num_threads=1),),
         ready_timeout_s=120.0,
@@ -70,12 +72,17 @@ def by_name(processes) -> dict[str, dict]:
 
 
 def test_each_process_runs_on_the_node_with_its_resource_and_output_is_the_engines(cluster, deployed, reference):
+    import ray
+
     _, nodes = cluster
     result, _ = deployed
     placed = by_name(result.processes)
     assert {n: p["node_id"] for n, p in placed.items()} == {
         "t-target-0": nodes["target"], "t-draft-0": nodes["draft"], "t-router": nodes["router"]}
     assert all(p["state"] == "serving" and p["address"].startswith("127.0.0.1:") for p in placed.values())
+    [group] = [g for g in ray.util.placement_group_table().values() if g["name"] == "t-target-0"]
+    assert group["strategy"] == "STRICT_PACK" and len(group["bundles"]) == 2 and placed["t-target-0"]["followers"] == 1
+    assert set(group["bundles_to_node_id"].values()) == {nodes["target"]}  # both ranks on the target node
     with Client(result.router_address) as client:
         out = client.generate(PROMPT, PARAMS, timeout_s=60)
     assert out.token_ids == reference("draft", PROMPT, PARAMS).token_ids
@@ -121,7 +128,7 @@ def test_a_killed_draft_worker_costs_nothing_and_ray_brings_it_back_to_the_route
     assert ray.get_actor("t-draft-0", namespace=NAMESPACE) is not None
 
 
-def test_a_second_up_is_refused_and_down_stops_every_process(cluster, deployed):
+def test_a_second_up_is_refused_and_down_stops_every_process(cluster, deployed, tiny_models):
     """Last in the module: `down` on the module's deployment (its fixture's own `down` then finds nothing)."""
     import ray
 
@@ -133,7 +140,9 @@ def test_a_second_up_is_refused_and_down_stops_every_process(cluster, deployed):
         ray_stack.up(stack, cluster[0].address)
     processes = ray_stack.status(stack.deploy)["processes"]
     pids = [p[key] for p in processes for key in ("actor_pid", "server_pid")]
-    assert len(pids) == 6 and all(alive(pid) for pid in pids)
+    ranks = target_servers(str(tiny_models["target"]))
+    assert len(pids) == 6 and len(ranks) == 2 and all(alive(pid) for pid in pids + ranks)
+    pids += ranks
     assert sorted(ray_stack.down(stack.deploy, cluster[0].address)) == ["t-draft-0", "t-router", "t-target-0"]
     deadline = time.monotonic() + 30
     while any(alive(pid) for pid in pids):
@@ -142,6 +151,19 @@ def test_a_second_up_is_refused_and_down_stops_every_process(cluster, deployed):
     assert ray_stack.status(stack.deploy)["processes"] == []
     assert not [g for g in ray.util.placement_group_table().values()
                 if g["name"].startswith("t-") and g["state"] != "REMOVED"]
+
+
+def target_servers(model: str) -> list[int]:
+    """Process ids of `specdec serve target` processes serving `model` (both tensor-parallel ranks)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"serve" in argv and b"target" in argv and model.encode() in argv and alive(int(proc.name)):
+            found.append(int(proc.name))
+    return found
 
 
 def alive(pid: int) -> bool:
