@@ -76,7 +76,8 @@ def run_up(args: argparse.Namespace) -> int:
     if started:
         address = local_cluster.start_local(stack, path)
     try:
-        deployed = ray_stack.up(stack, address or "auto")
+        deployed = ray_stack.up(stack, address or "auto",
+                                capacity_wait_s=config.k8s.startup_timeout_s if args.foreground else 0.0)
     except BaseException:
         if started:
             local_cluster.stop_local(path)

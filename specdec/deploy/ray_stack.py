@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from dataclasses import dataclass
 
 from specdec.deploy.actors import RouterActor, ServerActor
@@ -83,9 +84,16 @@ def actor_options(config: DeployConfig, name: str | None, resources: ProcessReso
     return options
 
 
-def check_capacity(ray, stack: StackConfig) -> None:
-    offered = ray.cluster_resources()
-    short = {k: (n, offered.get(k, 0)) for k, n in needed_resources(stack).items() if offered.get(k, 0) < n}
+def check_capacity(ray, stack: StackConfig, wait_s: float = 0.0) -> None:
+    """Refuse at once a cluster that lacks the custom resources, or wait up to `wait_s` for nodes to
+    join (a KubeRay head starts before its worker pods)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        offered = ray.cluster_resources()
+        short = {k: (n, offered.get(k, 0)) for k, n in needed_resources(stack).items() if offered.get(k, 0) < n}
+        if not short or time.monotonic() >= deadline:
+            break
+        time.sleep(5.0)
     if short:
         detail = ", ".join(f"{k}: needs {n:g}, the cluster offers {have:g}" for k, (n, have) in short.items())
         raise Unavailable(f"the cluster cannot place the stack ({detail}); start nodes with "
@@ -109,8 +117,9 @@ def place_target(ray, config: DeployConfig, name: str, tp: int):
     return group
 
 
-def up(stack: StackConfig, address: str | None = None, echo=print) -> Deployed:
-    """Place the workers, wait until they serve, then the router; on any failure remove what was placed."""
+def up(stack: StackConfig, address: str | None = None, echo=print, capacity_wait_s: float = 0.0) -> Deployed:
+    """Place the workers, wait until they serve, then the router; on any failure remove what was placed.
+    capacity_wait_s: how long nodes with the needed resources may take to join."""
     config = deploy_config(stack)
     named = names(config, stack)
     env = dict(config.env)
@@ -120,7 +129,7 @@ def up(stack: StackConfig, address: str | None = None, echo=print) -> Deployed:
         if f"{config.name}-router" in named_actors(ray, config):
             raise InvalidArgument(f"{config.name} is already deployed in namespace {config.namespace}: "
                                   f"`specdec deploy down` first (or `specdec deploy status`)")
-        check_capacity(ray, stack)
+        check_capacity(ray, stack, capacity_wait_s)
         try:
             workers = []
             for name, target in zip(named["targets"], stack.targets):

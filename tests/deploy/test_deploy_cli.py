@@ -84,3 +84,19 @@ def test_status_with_nothing_deployed_says_so(tmp_path, capsys, monkeypatch):
     assert "is not deployed" in capsys.readouterr().err
     assert main(["deploy", "down", "--state-dir", str(tmp_path)]) == 0
     assert "nothing to stop" in capsys.readouterr().out
+
+
+def test_a_server_that_binds_beyond_loopback_advertises_its_nodes_address_unless_told_otherwise():
+    import dataclasses
+
+    from specdec.deploy.actors import placed_on_node
+
+    @dataclasses.dataclass(frozen=True)
+    class WithHost:  # the shape of a server config with the `host` / `advertise_host` keys
+        host: str = "127.0.0.1"
+        advertise_host: str | None = None
+
+    assert placed_on_node(WithHost(), "10.0.0.5") == WithHost()  # loopback: nothing to advertise
+    assert placed_on_node(WithHost(host="0.0.0.0"), "10.0.0.5").advertise_host == "10.0.0.5"
+    assert placed_on_node(WithHost(host="0.0.0.0", advertise_host="svc.local"), "10.0.0.5").advertise_host == "svc.local"
+    assert placed_on_node(TargetConfig(), "10.0.0.5") == TargetConfig()  # a config without those keys passes as is
