@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -191,7 +192,12 @@ class RouterActor(ServerActor):
                  draft_names: list[str], interval_s: float, ask_timeout_s: float = 1.0):
         self.namespace, self.names = namespace, {"targets": target_names, "drafts": draft_names}
         self.interval_s, self.ask_timeout_s = interval_s, ask_timeout_s
-        self.workers_file = Path(tempfile.mkdtemp(prefix="specdec-router-")) / "workers.yaml"
+        import ray
+
+        # one directory per router actor, the same across its restarts (its id does not change)
+        directory = Path(tempfile.gettempdir()) / f"specdec-router-{ray.get_runtime_context().get_actor_id()}"
+        directory.mkdir(exist_ok=True)
+        self.workers_file = directory / "workers.yaml"
         self.published = None
         self._publish()  # before the router starts: it reads the file once at start
         config = dataclasses.replace(config, workers_file=str(self.workers_file), discovery_interval_s=interval_s)
@@ -235,6 +241,11 @@ class RouterActor(ServerActor):
                 self._publish()
             except Exception as exc:  # noqa: BLE001 - next round
                 print(f"[router] discovery failed: {exc}", flush=True)
+
+    def stop(self, grace_s: float | None = None) -> int:
+        code = super().stop(grace_s)
+        shutil.rmtree(self.workers_file.parent, ignore_errors=True)
+        return code
 
     def workers(self) -> dict:
         """What the router is told now: {"targets": [...], "drafts": [...]}."""

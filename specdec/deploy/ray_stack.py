@@ -152,6 +152,7 @@ def up(stack: StackConfig, address: str | None = None, echo=print, capacity_wait
             [ready] = wait_ready(ray, [(named["router"][0], router)], stack.ready_timeout_s)
         except BaseException:
             remove(ray, config, [n for group in named.values() for n in group], grace_s=5.0)
+            remove_groups(ray, config)
             raise
         return Deployed(ready["address"], ready["http_address"], describe(ray, config, named))
 
@@ -189,7 +190,9 @@ def describe(ray, config: DeployConfig, named: dict[str, list[str]] | None = Non
 
 
 def remove(ray, config: DeployConfig, actor_names: list[str], grace_s: float | None = None) -> list[str]:
-    """Drain (SIGTERM, each server's own drain time) then kill without restart; remove placement groups."""
+    """Drain (SIGTERM, each server's own drain time), then kill without restart. Placement groups go
+    after their actors (remove_groups): removing a group first kills its actor, which Ray would then
+    try to restart into a group that no longer exists."""
     actors = []
     for name in actor_names:
         try:
@@ -200,12 +203,15 @@ def remove(ray, config: DeployConfig, actor_names: list[str], grace_s: float | N
     ray.wait(refs, num_returns=len(refs), timeout=(grace_s or 60.0) + 15.0)
     for _, actor in actors:
         ray.kill(actor, no_restart=True)
+    return [name for name, _ in actors]
+
+
+def remove_groups(ray, config: DeployConfig) -> None:
     from ray.util.placement_group import PlacementGroup, remove_placement_group
 
     for group in ray.util.placement_group_table().values():
         if group.get("name", "").startswith(f"{config.name}-target-") and group.get("state") != "REMOVED":
             remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group["placement_group_id"]))))
-    return [name for name, _ in actors]
 
 
 def down(config: DeployConfig, address: str | None = None) -> list[str]:
@@ -214,7 +220,9 @@ def down(config: DeployConfig, address: str | None = None) -> list[str]:
         present = named_actors(ray, config)
         router = [n for n in present if n == f"{config.name}-router"]
         stopped = remove(ray, config, router)
-        return stopped + remove(ray, config, [n for n in present if n not in router])
+        stopped += remove(ray, config, [n for n in present if n not in router])
+        remove_groups(ray, config)
+        return stopped
 
 
 def status(config: DeployConfig, address: str | None = None) -> dict:
