@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 
-.PHONY: setup model run proto test bench bench-workloads bench-quick clean
+.PHONY: setup model run proto test bench bench-workloads bench-quick deploy undeploy status clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,23 @@ bench-workloads: model
 
 bench-quick: model
 	$(PY) benchmarks/quick.py
+
+# The stack as Ray actors (router, draft and target workers placed by the custom resources specdec_router /
+# specdec_draft / specdec_target, each target's ranks in a STRICT_PACK placement group, restarted by Ray when
+# they die) on RAY_ADDRESS or, without one, on a local Ray cluster on 127.0.0.1 that it starts; prints the
+# router's address and returns. `make status`: what runs where. `make undeploy`: drains and stops it all.
+# The same YAML as `specdec serve --config` drives it (CONFIG=...). K8S=1: Kubernetes manifests for KubeRay
+# under deploy/k8s/ instead, validated offline and applied with kubectl when a cluster answers.
+CONFIG ?= deploy/configs/local.yaml
+DEPLOY_ARGS = --config $(CONFIG) $(if $(K8S),--k8s)
+deploy: $(if $(K8S),setup,model)
+	$(PY) -m specdec.cli deploy up $(DEPLOY_ARGS)
+
+undeploy: setup
+	$(PY) -m specdec.cli deploy down $(DEPLOY_ARGS)
+
+status: setup
+	$(PY) -m specdec.cli deploy status $(DEPLOY_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

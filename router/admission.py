@@ -57,6 +57,7 @@ class Admission:
         self.is_healthy, self.clock = is_healthy, clock
         self.cond = threading.Condition()
         self.rooms = [KvLedger() for _ in range(num_targets)]  # per target, this router's reservations
+        self.retired: set[int] = set()  # targets discovery no longer lists (router.discovery): out of the sums
         self.queue = FairQueue()
         self.active_by_user: dict[str, int] = {}
         self.num_active = self.num_admitted = self.num_rejected = self.num_abandoned = 0
@@ -105,6 +106,21 @@ class Admission:
             room.capacity_tokens, room.max_sequences = max(capacity_tokens, 0), max(max_sequences, 0)
             self._dispatch()
 
+    def add_target(self) -> int:
+        """A target found while running (router.discovery); its index. Its capacity comes by update_target."""
+        with self.cond:
+            self.rooms.append(KvLedger())
+            return len(self.rooms) - 1
+
+    def set_retired(self, index: int, retired: bool) -> None:
+        """A target that left (or came back): its room no longer counts in capacities and figures."""
+        with self.cond:
+            (self.retired.add if retired else self.retired.discard)(index)
+            self._dispatch()
+
+    def _live_rooms(self) -> list[KvLedger]:
+        return [room for i, room in enumerate(self.rooms) if i not in self.retired]
+
     def counts(self) -> tuple[int, int]:
         with self.cond:
             return self.num_active, len(self.queue)
@@ -112,7 +128,8 @@ class Admission:
     def largest_request_tokens(self) -> int:
         """The most KV tokens one request can ever be granted (0 = unknown: some target does not say)."""
         with self.cond:
-            return max(r.capacity_tokens for r in self.rooms) if all(r.capacity_tokens for r in self.rooms) else 0
+            rooms = self._live_rooms()
+            return max(r.capacity_tokens for r in rooms) if rooms and all(r.capacity_tokens for r in rooms) else 0
 
     def figures(self) -> AdmissionFigures:
         with self.cond:
@@ -121,15 +138,16 @@ class Admission:
             waits = sorted(self.waits)
             return AdmissionFigures(
                 self.num_active, len(self.queue), users, self.num_admitted, self.num_rejected, self.num_abandoned,
-                _percentile(waits, 50), _percentile(waits, 99), sum(r.capacity_tokens for r in self.rooms),
+                _percentile(waits, 50), _percentile(waits, 99), sum(r.capacity_tokens for r in self._live_rooms()),
                 sum(r.reserved_tokens for r in self.rooms))
 
     # -- under the lock -------------------------------------------------------------------------
     def _check_possible(self, tokens: int) -> None:
         if not any(self.is_healthy(i) for i in range(len(self.rooms))):
             raise Unavailable("no healthy target worker")
-        if self.rooms and all(r.capacity_tokens for r in self.rooms):
-            largest = max(r.capacity_tokens for r in self.rooms)
+        rooms = self._live_rooms()
+        if rooms and all(r.capacity_tokens for r in rooms):
+            largest = max(r.capacity_tokens for r in rooms)
             if tokens > largest:
                 raise InvalidArgument(f"the request needs {tokens} tokens of KV cache (prompt plus max_new_tokens), "
                                       f"more than any target holds (largest: {largest} tokens)")
@@ -149,7 +167,7 @@ class Admission:
         raise ResourceExhausted(reason)
 
     def _kv_text(self) -> str:
-        capacity = sum(r.capacity_tokens for r in self.rooms)
+        capacity = sum(r.capacity_tokens for r in self._live_rooms())
         reserved = sum(r.reserved_tokens for r in self.rooms)
         return f"KV cache {reserved} of {capacity or 'unknown'} tokens reserved"
 

@@ -17,6 +17,7 @@ from typing import Callable, Iterator, Protocol
 import grpc
 
 from router.admission import Admission
+from router.discovery import WorkerSet
 from router.limits import check_request, derive_limits
 from router.pool import WorkerPool
 from router.prompts import PromptEncoder
@@ -51,20 +52,23 @@ def time_remaining(call: Call) -> float | None:
 
 
 class Dispatcher:
-    def __init__(self, config: RouterConfig, target_info: common_pb2.WorkerInfo, telemetry: Telemetry | None = None):
+    def __init__(self, config: RouterConfig, target_info: common_pb2.WorkerInfo, telemetry: Telemetry | None = None,
+                 workers: WorkerSet | None = None):
+        """workers: the addresses discovery found at start (router.discovery); None = config's lists."""
+        workers = workers or WorkerSet(config.targets, config.drafts)
         self.config = config
         self.target_info = target_info
         self.telemetry = telemetry or Telemetry.off()
         self.model_name = os.path.basename(os.path.normpath(target_info.model_path)) or "model"
-        self.targets = WorkerPool(config.targets, target_pb2_grpc.TargetWorkerStub, wrap=self.telemetry.traced_channel)
+        self.targets = WorkerPool(workers.targets, target_pb2_grpc.TargetWorkerStub, wrap=self.telemetry.traced_channel)
         # a target that drafts for itself (Medusa, EAGLE, ...) gets no draft worker
-        self.drafts = WorkerPool(() if target_info.drafter else config.drafts, draft_pb2_grpc.DraftWorkerStub,
+        self.drafts = WorkerPool(() if target_info.drafter else workers.drafts, draft_pb2_grpc.DraftWorkerStub,
                                  wrap=self.telemetry.traced_channel)
-        self.admission = Admission(config.max_active, config.max_queue, len(config.targets),
+        self.admission = Admission(config.max_active, config.max_queue, len(workers.targets),
                                    config.max_active_per_user, config.max_queued_per_user,
                                    is_healthy=lambda index: self.targets.workers[index].healthy)
         self.admission.update_target(0, target_info.kv_capacity_tokens, target_info.max_sequences)
-        for index in range(1, len(config.targets)):
+        for index in range(1, len(workers.targets)):
             self.refresh_target(index, TARGET_INFO_TIMEOUT_S)
         self.encoder = PromptEncoder(config.tokenizer or target_info.model_path, target_info.vocab_size)
         self.limits = derive_limits(target_info.max_context_len, self.encoder.longest_token_bytes(),
@@ -72,6 +76,20 @@ class Dispatcher:
                                     config.max_messages)
         self.tokenizing = TokenizePool(self.encoder, config.tokenize_threads)
         self.instruments = RouterInstruments(self.telemetry.metrics, self.admission)
+
+    def sync_workers(self, found: WorkerSet) -> None:
+        """Discovery's current set (router.discovery): new targets report their capacity before they get
+        work, vanished ones get none (their running sequences end as their streams do)."""
+        joined, left = self.targets.sync(found.targets)
+        for index in joined:
+            while len(self.admission.rooms) <= index:
+                self.admission.add_target()
+            self.refresh_target(index, TARGET_INFO_TIMEOUT_S)
+            self.admission.set_retired(index, False)
+        for index in left:
+            self.admission.set_retired(index, True)
+        if not self.target_info.drafter:
+            self.drafts.sync(found.drafts)
 
     def any_target_healthy(self) -> bool:
         return any(worker.healthy for worker in self.targets.workers)

@@ -4,6 +4,11 @@ A worker whose call fails with UNAVAILABLE is benched for `bench_s` and then tri
 restarted worker rejoins without anyone telling the router. Back from the bench it is on probation
 until a call to it succeeds: callers that would pay for its silence (a target told to expect drafts
 waits for them) check it first with a quick call (`on_probation`, `cleared`).
+
+Discovery (router.discovery) may change the set of addresses while the router runs (`sync`): a new
+address is appended, one that vanished is marked gone (never chosen, its running sequences end as
+their streams do) and one that reappears is back on probation. Indices never move or get reused,
+so admission's per-target ledgers (router.admission) stay attached to the same worker.
 """
 from __future__ import annotations
 
@@ -23,10 +28,11 @@ class Worker:
     num_assigned: int = 0
     benched_until: float = 0.0
     on_probation: bool = False  # benched before, not yet seen answering since
+    gone: bool = False  # discovery no longer lists it
 
     @property
     def healthy(self) -> bool:
-        return time.monotonic() >= self.benched_until
+        return not self.gone and time.monotonic() >= self.benched_until
 
 
 class WorkerPool:
@@ -34,8 +40,8 @@ class WorkerPool:
         """wrap(channel): the channel the stub uses (telemetry's tracing interceptor)."""
         self.lock = threading.Lock()
         self.bench_s = bench_s
-        self.workers = [Worker(a, stub_cls(wrap(grpc.insecure_channel(a, options=channel_options()))))
-                        for a in addresses]
+        self.connect = lambda address: stub_cls(wrap(grpc.insecure_channel(address, options=channel_options())))
+        self.workers = [Worker(a, self.connect(a)) for a in addresses]
 
     def acquire(self) -> Worker | None:
         with self.lock:
@@ -59,3 +65,23 @@ class WorkerPool:
         """It answered: off probation."""
         with self.lock:
             worker.on_probation = False
+
+    def sync(self, addresses: tuple[str, ...]) -> tuple[list[int], list[int]]:
+        """Make `addresses` the live set; returns (indices new or back, indices gone)."""
+        with self.lock:
+            known = {w.address: i for i, w in enumerate(self.workers)}
+            joined, left = [], []
+            for address in addresses:
+                if address not in known:
+                    self.workers.append(Worker(address, self.connect(address)))
+                    joined.append(len(self.workers) - 1)
+                elif self.workers[known[address]].gone:
+                    worker = self.workers[known[address]]
+                    worker.gone, worker.on_probation, worker.benched_until = False, True, 0.0
+                    joined.append(known[address])
+            wanted = set(addresses)
+            for index, worker in enumerate(self.workers):
+                if not worker.gone and worker.address not in wanted:
+                    worker.gone = True
+                    left.append(index)
+            return joined, left

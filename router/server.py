@@ -7,6 +7,7 @@ import logging
 import grpc
 
 from router.api_keys import ApiKeyInterceptor, ApiKeys
+from router.discovery import Discovery
 from router.dispatcher import TARGET_INFO_TIMEOUT_S, Dispatcher
 from specdec.errors import InvalidArgument, Unavailable
 from specdec.rpc.server import run_until_signalled, start_server
@@ -33,6 +34,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             max_active_per_user=self.config.max_active_per_user, max_queued_per_user=self.config.max_queued_per_user)
         dispatcher = self.dispatcher
         for index, worker in enumerate(dispatcher.targets.workers):
+            if worker.gone:  # discovery no longer lists it
+                continue
             reported = dispatcher.refresh_target(index, TARGET_INFO_TIMEOUT_S)
             status = info.targets.add(address=worker.address, healthy=worker.healthy and reported is not None)
             if reported is not None:
@@ -42,6 +45,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                 info.num_sequence_steps += reported.num_sequence_steps
                 info.max_batch_seen = max(info.max_batch_seen, reported.max_batch_seen)
         for worker in dispatcher.drafts.workers:
+            if worker.gone:
+                continue
             status = info.drafts.add(address=worker.address, healthy=worker.healthy)
             try:
                 status.info.CopyFrom(worker.stub.GetWorkerInfo(common_pb2.WorkerInfoRequest(),
@@ -88,11 +93,17 @@ def fetch_target_info(address: str, timeout_s: float) -> common_pb2.WorkerInfo:
 
 
 def serve(config: RouterConfig) -> int:
-    if not config.targets:
-        raise InvalidArgument("the router needs at least one --targets HOST:PORT")
+    if not config.targets and config.workers_file is None:
+        raise InvalidArgument("the router needs at least one --targets HOST:PORT (or a --workers-file)")
+    discovery = Discovery(config.targets, config.drafts, config.workers_file, config.discovery_interval_s)
+    workers = discovery.find()
+    if not workers.targets:
+        raise Unavailable(f"no target worker found (targets {list(config.targets)}, workers file "
+                          f"{config.workers_file})")
     keys = ApiKeys.load(config.api_keys_file)
     telemetry = setup_telemetry("router", config.metrics_port)
-    dispatcher = Dispatcher(config, fetch_target_info(config.targets[0], config.worker_timeout_s), telemetry)
+    dispatcher = Dispatcher(config, fetch_target_info(workers.targets[0], config.worker_timeout_s), telemetry, workers)
+    discovery.start(workers, dispatcher.sync_workers)
     servicer = GenerationServicer(dispatcher)
     interceptors = [*telemetry.server_interceptors(), *([ApiKeyInterceptor(keys)] if keys.enabled else ())]
     running = start_server(lambda s: generation_pb2_grpc.add_GenerationServicer_to_server(servicer, s),
@@ -107,7 +118,7 @@ def serve(config: RouterConfig) -> int:
         except BaseException:
             running.stop()
             raise
-    return run_until_signalled(running, "router", on_stop=http.stop if http else None,
+    return run_until_signalled(running, "router", on_stop=lambda: (discovery.stop(), http and http.stop()),
                                ready_detail=f"; http on {http.address}" if http else "", telemetry=telemetry)
 
 

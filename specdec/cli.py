@@ -11,7 +11,7 @@ import sys
 
 from specdec.errors import SpecdecError
 
-COMMANDS = ("generate", "serve", "bench", "train", "loadtest", "trace_report")  # modules under specdec.commands
+COMMANDS = ("generate", "serve", "deploy", "bench", "train", "loadtest", "trace_report")  # modules under specdec.commands
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -113,12 +113,17 @@ class RouterConfig:
     max_messages: int = 512
     tokenize_threads: int = 2  # long prompts are tokenized on this many threads at once (router.tokenize_pool)
     metrics_port: int = -1  # Prometheus endpoint on 127.0.0.1 (GET /metrics): -1 = none, 0 = any free port
+    # Worker discovery (router.discovery): a YAML file {targets: [...], drafts: [...]} re-read every
+    # discovery_interval_s (the Ray deployment keeps it current), and entries dns:NAME:PORT in targets /
+    # drafts, re-resolved as often: workers that appear are used, workers that vanish get no more work.
+    workers_file: str | None = None
+    discovery_interval_s: float = 2.0
 
     def __post_init__(self) -> None:
         if (self.max_active < 1 or self.max_queue < 0 or self.worker_timeout_s <= 0 or self.max_active_per_user < 0
                 or self.max_queued_per_user < 0 or self.http_port < -1 or self.max_prompt_bytes < 0
                 or self.max_stop_strings < 0 or self.max_stop_bytes < 1 or self.max_messages < 1
-                or self.tokenize_threads < 1 or self.metrics_port < -1):
+                or self.tokenize_threads < 1 or self.metrics_port < -1 or self.discovery_interval_s <= 0):
             raise InvalidArgument(f"invalid router config {self}")
 
 
@@ -130,6 +135,9 @@ class StackConfig:
     targets: tuple[TargetConfig, ...] = (TargetConfig(),)
     drafts: tuple[DraftConfig, ...] = (DraftConfig(),)
     ready_timeout_s: float = 300.0
+    # `make deploy`'s section (specdec.deploy.config.DeployConfig): placement, restarts, images; None =
+    # its defaults. `specdec serve` ignores it.
+    deploy: object = None
 
 
 def build_config(cls, values, where: str):
@@ -157,7 +165,7 @@ def _many(cls, data, where: str) -> tuple:
 
 
 def load_stack_config(path: str | Path) -> StackConfig:
-    """Read a YAML deployment: keys router, targets (or target), drafts (or draft), ready_timeout_s."""
+    """Read a YAML deployment: keys router, targets (or target), drafts (or draft), ready_timeout_s, deploy."""
     import yaml
 
     try:
@@ -167,7 +175,7 @@ def load_stack_config(path: str | Path) -> StackConfig:
     if not isinstance(data, dict):
         raise InvalidArgument(f"{path}: a deployment must be a mapping (router, targets, drafts), "
                               f"got {type(data).__name__}")
-    unknown = set(data) - {"router", "targets", "target", "drafts", "draft", "ready_timeout_s"}
+    unknown = set(data) - {"router", "targets", "target", "drafts", "draft", "ready_timeout_s", "deploy"}
     if unknown:
         raise InvalidArgument(f"{path}: unknown keys {', '.join(sorted(unknown))}")
     targets = data.get("targets", data.get("target"))
@@ -175,7 +183,14 @@ def load_stack_config(path: str | Path) -> StackConfig:
     return StackConfig(router=build_config(RouterConfig, data.get("router"), "router"),
                        targets=_many(TargetConfig, targets, "targets") if targets is not None else (TargetConfig(),),
                        drafts=_many(DraftConfig, drafts, "drafts") if drafts is not None else (DraftConfig(),),
-                       ready_timeout_s=float(data.get("ready_timeout_s", 300.0)))
+                       ready_timeout_s=float(data.get("ready_timeout_s", 300.0)),
+                       deploy=_deploy_section(data.get("deploy")))
+
+
+def _deploy_section(values):
+    from specdec.deploy.config import DeployConfig, build_nested
+
+    return build_nested(DeployConfig, values, "deploy")
 
 
 def add_config_args(parser: argparse.ArgumentParser, cls) -> None:

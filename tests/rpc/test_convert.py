@@ -146,7 +146,7 @@ def test_every_router_field_of_a_yaml_file_reaches_the_spawned_router(tmp_path):
                     "max_active: 3, max_queue: 5, worker_timeout_s: 7.5, max_active_per_user: 2, "
                     "max_queued_per_user: 1, http_port: 8001, api_keys_file: /keys, max_prompt_bytes: 1000, "
                     "max_stop_strings: 3, max_stop_bytes: 10, max_messages: 7, tokenize_threads: 3, "
-                    "metrics_port: 9100}\n")
+                    "metrics_port: 9100, workers_file: /workers.yaml, discovery_interval_s: 0.5}\n")
     loaded = load_stack_config(path).router
     assert all(getattr(loaded, f.name) != f.default for f in dataclasses.fields(RouterConfig))  # every field set
     spawned = with_workers(loaded, ("127.0.0.1:1",), ("127.0.0.1:2",))
