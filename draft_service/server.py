@@ -21,11 +21,11 @@ class DraftServicer(draft_pb2_grpc.DraftWorkerServicer):
 
     def Attach(self, request, context):
         self.worker.attach(request.sequence_id, request.target_address, list(request.prompt_ids),
-                           params_from_pb(request.params), request.timeout_s)
+                           params_from_pb(request.params), request.timeout_s, request.owner_key, request.draft_key)
         return draft_pb2.AttachResponse()
 
     def Release(self, request, context):
-        return common_pb2.ReleaseResponse(released=self.worker.release(request.sequence_id))
+        return common_pb2.ReleaseResponse(released=self.worker.release(request.sequence_id, request.owner_key))
 
     def GetWorkerInfo(self, request, context):
         ids, served = self.worker.info()

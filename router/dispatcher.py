@@ -12,7 +12,7 @@ import logging
 import os
 import time
 import uuid
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterator, NamedTuple, Protocol
 
 import grpc
 
@@ -23,6 +23,7 @@ from router.prompts import PromptEncoder
 from router.tokenize_pool import TokenizePool
 from specdec.core.types import GenerationStats, tally_accepted
 from specdec.errors import InvalidArgument, ServerError
+from specdec.keys import new_key
 from specdec.rpc.convert import params_from_pb, params_to_pb, prompt_from_pb, stats_to_pb
 from specdec.rpc.v1 import common_pb2, draft_pb2, draft_pb2_grpc, generation_pb2, target_pb2, target_pb2_grpc
 from specdec.serving_config import RouterConfig
@@ -35,6 +36,12 @@ TARGET_INFO_TIMEOUT_S = 2.0
 PROBE_TIMEOUT_S = 1.0  # a draft worker back from the bench must answer this fast to be used
 MAX_USER_LEN = 256
 NO_DEADLINE_S = 1e8  # grpc reports "no deadline" as a huge time remaining
+
+
+class SequenceKeys(NamedTuple):
+    """The secrets of one sequence (specdec.keys): `owner` stays here, `draft` goes to its draft worker."""
+    owner: str
+    draft: str
 
 
 class Call(Protocol):
@@ -121,15 +128,16 @@ class Dispatcher:
         draft = self._draft_worker(call)
         trace.admitted(target.address, draft.address if draft is not None else "")
         seq_id = uuid.uuid4().hex
+        keys = SequenceKeys(new_key(), new_key())  # release ours only; drafts from the attached worker only
         admit = target.stub.Admit(target_pb2.AdmitRequest(
-            sequence_id=seq_id, prompt_ids=prompt_ids, params=params_to_pb(params), expect_drafts=draft is not None),
-            timeout=time_remaining(call), metadata=trace.metadata())
+            sequence_id=seq_id, prompt_ids=prompt_ids, params=params_to_pb(params), expect_drafts=draft is not None,
+            owner_key=keys.owner, draft_key=keys.draft), timeout=time_remaining(call), metadata=trace.metadata())
         call.add_callback(admit.cancel)  # client gone -> the target's Admit ends -> sequence released there
         try:
             admitted = next(admit)  # prefill done
             if draft is not None:
                 with trace.use():
-                    draft = self._attach(draft, target.address, seq_id, prompt_ids, params, call)
+                    draft = self._attach(draft, target.address, seq_id, keys, prompt_ids, params, call)
             yield from self._relay(admit, admitted.prefill_s, prompt_ids, start, trace)
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.UNAVAILABLE:
@@ -139,9 +147,9 @@ class Dispatcher:
             raise
         finally:
             admit.cancel()
-            self._release(target, seq_id)
+            self._release(target, seq_id, keys.owner)
             if draft is not None:
-                self._release(draft, seq_id)
+                self._release(draft, seq_id, keys.owner)
                 self.drafts.release(draft)
 
     def _draft_worker(self, call: Call):
@@ -162,13 +170,13 @@ class Dispatcher:
         self.drafts.cleared(draft)
         return draft
 
-    def _attach(self, draft, target_address, seq_id, prompt_ids, params, call: Call):
+    def _attach(self, draft, target_address, seq_id, keys: SequenceKeys, prompt_ids, params, call: Call):
         """Assign the draft worker; without it the target simply decodes alone."""
         remaining = time_remaining(call)
         try:
             draft.stub.Attach(draft_pb2.AttachRequest(
                 sequence_id=seq_id, target_address=target_address, prompt_ids=prompt_ids,
-                params=params_to_pb(params), timeout_s=remaining or 0.0),
+                params=params_to_pb(params), timeout_s=remaining or 0.0, owner_key=keys.owner, draft_key=keys.draft),
                 timeout=min(self.config.worker_timeout_s, remaining or self.config.worker_timeout_s))
             return draft
         except grpc.RpcError as exc:
@@ -203,9 +211,10 @@ class Dispatcher:
             yield response
         raise ServerError("the target worker ended the sequence without finishing it")
 
-    def _release(self, worker, seq_id: str) -> None:
+    def _release(self, worker, seq_id: str, owner_key: str) -> None:
         try:
-            worker.stub.Release(common_pb2.ReleaseRequest(sequence_id=seq_id), timeout=RELEASE_TIMEOUT_S)
+            worker.stub.Release(common_pb2.ReleaseRequest(sequence_id=seq_id, owner_key=owner_key),
+                                timeout=RELEASE_TIMEOUT_S)
         except grpc.RpcError as exc:
             log.warning("release of %s at %s failed: %s", seq_id, worker.address, exc.code())
 

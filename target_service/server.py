@@ -34,12 +34,13 @@ class TargetServicer(target_pb2_grpc.TargetWorkerServicer):
 
     def Admit(self, request, context):
         params = params_from_pb(request.params)
-        state = self.worker.admit(request.sequence_id, list(request.prompt_ids), params, request.expect_drafts)
+        state = self.worker.admit(request.sequence_id, list(request.prompt_ids), params, request.expect_drafts,
+                                  request.owner_key, request.draft_key)
         context.add_callback(lambda: self.worker.release(request.sequence_id))  # cancel, deadline or end
         yield from _drain(state.outbox, context)  # first the version-0 message, once prefilled
 
     def Release(self, request, context):
-        return common_pb2.ReleaseResponse(released=self.worker.release(request.sequence_id))
+        return common_pb2.ReleaseResponse(released=self.worker.release(request.sequence_id, request.owner_key))
 
     def Verify(self, request_iterator, context):
         link = self.worker.open_link()

@@ -151,4 +151,8 @@ def test_a_foreign_verify_stream_learns_nothing_and_injects_nothing(stacks, whic
     assert not [m for m in received if m.HasField("commit")], "the victim's commits reached a foreign stream"
     assert not [m for m in received if m.refusal.context_ids], "a refusal disclosed the victim's context"
     assert all(m.sequence_id == seq_id for m in received)
+    kinds = {m.refusal.kind for m in received}
+    assert target_pb2.Refusal.NOT_ATTACHED in kinds and kinds <= {target_pb2.Refusal.NOT_ATTACHED,
+                                                                   target_pb2.Refusal.UNKNOWN_SEQUENCE}
+    assert all(m.refusal.current_version == 0 for m in received)  # not even the version is disclosed
     assert tokens == undisturbed
