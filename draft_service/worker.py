@@ -24,7 +24,7 @@ import torch
 from specdec.core.sampling import make_generator
 from specdec.core.tree import DraftTree
 from specdec.core.types import SamplingParams
-from specdec.errors import InvalidArgument, PermissionDenied
+from specdec.errors import InvalidArgument, PermissionDenied, Unavailable
 from specdec.keys import key_matches
 from specdec.policy import DraftBudget, PolicyConfig, SpeculationPolicy
 from specdec.rpc.trees import tree_to_pb
@@ -101,6 +101,7 @@ class DraftWorker:
         self.links: dict[str, TargetLink] = {}
         self.events: queue.Queue = queue.Queue()
         self.num_served = 0
+        self.draining = False  # SIGTERM: attach nothing new, draft on for the attached sequences
         # acceptance and depth per sequence; the target's announced budget caps it (load-aware there)
         self.policy = SpeculationPolicy(PolicyConfig(max_depth=config.num_speculative_tokens,
                                                      adaptive=config.adaptive, load_aware=False))
@@ -112,11 +113,13 @@ class DraftWorker:
     def attach(self, seq_id: str, target: str, prompt_ids: list[int], params: SamplingParams, timeout_s: float,
                owner_key: str = "", draft_key: str = ""):
         with self.lock:
+            if self.draining:
+                raise Unavailable("draft worker is draining (shutting down): the target decodes without it")
             if seq_id in self.seqs:  # another caller's sequence is not taken over (nor its target changed)
                 raise InvalidArgument(f"sequence {seq_id!r} is already attached")
             link = self.links.get(target)
             if link is None or not link.alive:
-                link = self.links[target] = TargetLink(target, self._on_message, self._on_lost)
+                link = self.links[target] = TargetLink(target, self._on_message, self._on_lost, self.config.security)
             self.policy.add(seq_id)
             self.seqs[seq_id] = DraftSeq(
                 seq_id, link, params, list(prompt_ids), self.drafter.new_session(),
@@ -139,6 +142,14 @@ class DraftWorker:
         if seq is not None and hasattr(seq.session, "close"):  # drafters that learn from finished generations
             seq.session.close(seq.context, seq.prompt_len)
         return seq is not None
+
+    def begin_drain(self) -> None:
+        with self.lock:
+            self.draining = True
+
+    def num_running(self) -> int:
+        with self.lock:
+            return len(self.seqs)
 
     def info(self) -> tuple[list[str], int]:
         with self.lock:

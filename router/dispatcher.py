@@ -22,7 +22,7 @@ from router.pool import WorkerPool
 from router.prompts import PromptEncoder
 from router.tokenize_pool import TokenizePool
 from specdec.core.types import GenerationStats, tally_accepted
-from specdec.errors import InvalidArgument, ServerError
+from specdec.errors import InvalidArgument, ServerError, Unavailable
 from specdec.keys import new_key
 from specdec.rpc.convert import params_from_pb, params_to_pb, prompt_from_pb, stats_to_pb
 from specdec.rpc.v1 import common_pb2, draft_pb2, draft_pb2_grpc, generation_pb2, target_pb2, target_pb2_grpc
@@ -36,6 +36,15 @@ TARGET_INFO_TIMEOUT_S = 2.0
 PROBE_TIMEOUT_S = 1.0  # a draft worker back from the bench must answer this fast to be used
 MAX_USER_LEN = 256
 NO_DEADLINE_S = 1e8  # grpc reports "no deadline" as a huge time remaining
+
+
+class NotAdmitted(Exception):
+    """The target refused the sequence before admitting it (UNAVAILABLE: draining, or gone): nothing
+    was streamed, so the request is placed again on another target. `error`: the refusal."""
+
+    def __init__(self, error: grpc.RpcError):
+        super().__init__(str(error))
+        self.error = error
 
 
 class SequenceKeys(NamedTuple):
@@ -63,10 +72,12 @@ class Dispatcher:
         self.target_info = target_info
         self.telemetry = telemetry or Telemetry.off()
         self.model_name = os.path.basename(os.path.normpath(target_info.model_path)) or "model"
-        self.targets = WorkerPool(config.targets, target_pb2_grpc.TargetWorkerStub, wrap=self.telemetry.traced_channel)
+        self.draining = False  # SIGTERM: no new request; the running and queued ones finish
+        self.targets = WorkerPool(config.targets, target_pb2_grpc.TargetWorkerStub, wrap=self.telemetry.traced_channel,
+                                  security=config.security)
         # a target that drafts for itself (Medusa, EAGLE, ...) gets no draft worker
         self.drafts = WorkerPool(() if target_info.drafter else config.drafts, draft_pb2_grpc.DraftWorkerStub,
-                                 wrap=self.telemetry.traced_channel)
+                                 wrap=self.telemetry.traced_channel, security=config.security)
         self.admission = Admission(config.max_active, config.max_queue, len(config.targets),
                                    config.max_active_per_user, config.max_queued_per_user,
                                    is_healthy=lambda index: self.targets.workers[index].healthy)
@@ -81,13 +92,26 @@ class Dispatcher:
         self.instruments = RouterInstruments(self.telemetry.metrics, self.admission)
 
     def any_target_healthy(self) -> bool:
-        return any(worker.healthy for worker in self.targets.workers)
+        return not self.draining and any(worker.healthy for worker in self.targets.workers)
+
+    def begin_drain(self) -> None:
+        """Take no new request (UNAVAILABLE); what is running or queued goes on to its end."""
+        self.draining = True
+
+    def num_running(self) -> int:
+        return sum(self.admission.counts())
+
+    def close(self) -> None:
+        self.targets.close()
+        self.drafts.close()
 
     def generate(self, request: generation_pb2.GenerateRequest, call: Call,
                  fill_context: bool = False) -> Iterator[generation_pb2.GenerateResponse]:
         """Stream one generation. `fill_context`: an unset max_new_tokens means the rest of the context
         (what OpenAI's chat API promises; at most what a target's KV cache can hold) instead of
         SamplingParams' default."""
+        if self.draining:
+            raise Unavailable("this router is draining (shutting down): send the request to another router")
         check_request(request, self.limits)  # by size, before anything is copied or tokenized
         prompt_ids = self.tokenizing.encode(prompt_from_pb(request), request.chat, call.is_active,
                                             lambda: time_remaining(call))
@@ -109,13 +133,18 @@ class Dispatcher:
                              params, len(prompt_ids))
         error = None
         try:
-            with trace.queue():
-                ticket = self.admission.acquire(call.is_active, lambda: time_remaining(call),
-                                                request.user or call.peer(), len(prompt_ids) + params.max_new_tokens)
-            try:
-                yield from self._generate(ticket.target, prompt_ids, params, call, trace)
-            finally:
-                self.admission.release(ticket)
+            for attempt in range(len(self.targets.workers) + 1):
+                with trace.queue():
+                    ticket = self.admission.acquire(call.is_active, lambda: time_remaining(call),
+                                                    request.user or call.peer(), len(prompt_ids) + params.max_new_tokens)
+                try:
+                    yield from self._generate(ticket.target, prompt_ids, params, call, trace)
+                    break
+                except NotAdmitted as refused:  # nothing streamed yet: place it again, elsewhere
+                    if attempt == len(self.targets.workers):
+                        raise refused.error from None
+                finally:
+                    self.admission.release(ticket)
         except Exception as exc:
             error = exc
             raise
@@ -134,7 +163,13 @@ class Dispatcher:
             owner_key=keys.owner, draft_key=keys.draft), timeout=time_remaining(call), metadata=trace.metadata())
         call.add_callback(admit.cancel)  # client gone -> the target's Admit ends -> sequence released there
         try:
-            admitted = next(admit)  # prefill done
+            try:
+                admitted = next(admit)  # prefill done
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or not call.is_active():
+                    raise
+                self.targets.bench(target)  # draining or gone: it admitted nothing
+                raise NotAdmitted(exc) from exc
             if draft is not None:
                 with trace.use():
                     draft = self._attach(draft, target.address, seq_id, keys, prompt_ids, params, call)

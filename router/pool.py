@@ -3,7 +3,9 @@
 A worker whose call fails with UNAVAILABLE is benched for `bench_s` and then tried again, so a
 restarted worker rejoins without anyone telling the router. Back from the bench it is on probation
 until a call to it succeeds: callers that would pay for its silence (a target told to expect drafts
-waits for them) check it first with a quick call (`on_probation`, `cleared`).
+waits for them) check it first with a quick call (`on_probation`, `cleared`). A worker that reports
+NOT_SERVING (draining, or broken) gets no new work until it reports SERVING (router.health_watch).
+Channels carry this router's credentials (specdec.rpc.security).
 """
 from __future__ import annotations
 
@@ -11,9 +13,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-import grpc
-
+from router.health_watch import HealthWatch
+from specdec.rpc.security import open_channel
 from specdec.rpc.server import channel_options
+from specdec.security_config import SecurityConfig
 
 
 @dataclass
@@ -23,19 +26,30 @@ class Worker:
     num_assigned: int = 0
     benched_until: float = 0.0
     on_probation: bool = False  # benched before, not yet seen answering since
+    serving: bool = True  # its own health report (False while it drains)
+    watch: HealthWatch | None = None
 
     @property
     def healthy(self) -> bool:
-        return time.monotonic() >= self.benched_until
+        return self.serving and time.monotonic() >= self.benched_until
 
 
 class WorkerPool:
-    def __init__(self, addresses: tuple[str, ...], stub_cls, bench_s: float = 5.0, wrap=lambda channel: channel):
+    def __init__(self, addresses: tuple[str, ...], stub_cls, bench_s: float = 5.0, wrap=lambda channel: channel,
+                 security: SecurityConfig = SecurityConfig()):
         """wrap(channel): the channel the stub uses (telemetry's tracing interceptor)."""
         self.lock = threading.Lock()
         self.bench_s = bench_s
-        self.workers = [Worker(a, stub_cls(wrap(grpc.insecure_channel(a, options=channel_options()))))
-                        for a in addresses]
+        self.workers = []
+        for address in addresses:
+            channel = open_channel(address, security, channel_options())
+            worker = Worker(address, stub_cls(wrap(channel)))
+            worker.watch = HealthWatch(channel, lambda serving, worker=worker: setattr(worker, "serving", serving))
+            self.workers.append(worker)
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.watch.stop()
 
     def acquire(self) -> Worker | None:
         with self.lock:

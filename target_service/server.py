@@ -9,7 +9,7 @@ import threading
 import grpc
 
 from specdec.rpc.convert import params_from_pb
-from specdec.rpc.server import run_until_signalled, start_server
+from specdec.rpc.server import Drain, run_until_signalled, start_server
 from specdec.rpc.v1 import common_pb2, target_pb2_grpc
 from specdec.serving_config import TargetConfig, add_config_args, config_from_args
 from specdec.telemetry import setup as setup_telemetry
@@ -118,15 +118,18 @@ def serve(config: TargetConfig) -> int:
         return tp.follow(Engine(loaded, None, engine_config))
     engine = Engine(loaded, build_drafter(config.drafter, loaded, config.draft, {}, dtype), engine_config)
     mirror = tp.Mirror(active=config.tp > 1)
-    telemetry = setup_telemetry("target", config.metrics_port)
+    telemetry = setup_telemetry("target", config.metrics_port, config.host)
     worker = TargetWorker(engine, config, mirror, telemetry=telemetry)
     mirror.start(worker.model_lock)
     running = start_server(lambda s: target_pb2_grpc.add_TargetWorkerServicer_to_server(TargetServicer(worker), s),
-                           ["specdec.v1.TargetWorker"], config.port, max_workers=rpc_threads(config),
-                           max_concurrent_rpcs=rpc_threads(config),
-                           interceptors=telemetry.server_interceptors())
+                           ["specdec.v1.TargetWorker"], config.port, host=config.host,
+                           max_workers=rpc_threads(config), max_concurrent_rpcs=rpc_threads(config),
+                           interceptors=telemetry.server_interceptors(), security=config.security,
+                           advertise_host=config.advertise_host, kind="target")
     worker.on_broken = lambda: running.set_serving(False)
-    return run_until_signalled(running, "target", on_stop=lambda: (worker.stop(), mirror.stop()), telemetry=telemetry)
+    drain = Drain(worker.begin_drain, worker.num_running, config.drain_timeout_s)
+    return run_until_signalled(running, "target", on_stop=lambda: (worker.stop(), mirror.stop()), telemetry=telemetry,
+                               drain_plan=drain)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -67,6 +67,7 @@ class TargetWorker(DraftIntake):
         self.kv = KvRoom(config.max_kv_tokens or config.max_sequences * engine.max_len, config.max_sequences)
         self.instruments = TargetInstruments(self.telemetry.metrics, self.kv_figures)
         self.stopped = False
+        self.draining = False  # SIGTERM: no new sequences, the running ones finish
         self.thread = threading.Thread(target=self._loop, name="target-decode", daemon=True)
         self.thread.start()
 
@@ -82,6 +83,8 @@ class TargetWorker(DraftIntake):
         with self.cond:
             if self.broken is not None:
                 raise Unavailable(f"target worker cannot decode: {self.broken}")
+            if self.draining:
+                raise Unavailable("target worker is draining (shutting down): admit the sequence elsewhere")
             if seq_id in self.seqs:
                 raise InvalidArgument(f"sequence {seq_id!r} is already admitted")
             self.kv.check_room(self.seqs, kv_tokens)
@@ -113,6 +116,15 @@ class TargetWorker(DraftIntake):
             self.num_served += 1
         state.outbox.put(None)
         return True
+
+    def begin_drain(self) -> None:
+        """Admit nothing new (UNAVAILABLE); the sequences held decode on to their end."""
+        with self.cond:
+            self.draining = True
+
+    def num_running(self) -> int:
+        with self.cond:
+            return len(self.seqs)
 
     def info(self) -> tuple[list[str], int]:
         with self.cond:
