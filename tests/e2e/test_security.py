@@ -12,8 +12,11 @@
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import http.client
 import queue
+import ssl
 import threading
 import time
 
@@ -25,6 +28,7 @@ from e2e.harness import running, running_stack, stack_config
 from specdec.client import Client
 from specdec.core.types import SamplingParams
 from specdec.errors import Unauthenticated
+from specdec.loadtest_http import http_stream
 from specdec.rpc.security import open_channel
 from specdec.rpc.v1 import (common_pb2, draft_pb2, draft_pb2_grpc, generation_pb2, generation_pb2_grpc, target_pb2,
                             target_pb2_grpc)
@@ -64,12 +68,12 @@ def stacks(tiny_models, secrets):
     without a draft worker (its sampled sequences decode plainly, so a seeded run repeats exactly)."""
     config = stack_config(tiny_models, "ngram")
     router = dataclasses.replace(config.router, api_keys_file=str(secrets["root"] / "api_keys"),
-                                 admin_keys_file=str(secrets["root"] / "admin_keys"), http_port=-1)
+                                 admin_keys_file=str(secrets["root"] / "admin_keys"), http_port=0)
     secure = lambda c: dataclasses.replace(c, security=secrets["stack"])  # noqa: E731
     config = dataclasses.replace(config, router=secure(router), targets=tuple(map(secure, config.targets)),
                                  drafts=tuple(map(secure, config.drafts)), security=secrets["stack"])
     with running_stack(config) as stack:
-        plain = dataclasses.replace(config.router, targets=(stack.targets[0].address,), drafts=())
+        plain = dataclasses.replace(config.router, targets=(stack.targets[0].address,), drafts=(), http_port=-1)
         with running("router", plain) as plain_router:
             yield stack, plain_router.address
 
@@ -157,6 +161,26 @@ def test_api_keys_and_admin_details(stacks, secrets):
     assert [t.address for t in seen.targets] == [""] and not seen.targets[0].info.sequence_ids
     assert [d.address for d in seen.drafts] == [""] and not seen.users
     assert seen.num_active == shown.num_active == 1 and seen.model_path == shown.model_path  # figures stay
+
+
+def test_the_http_api_serves_https_with_the_same_keys(stacks, secrets):
+    stack, _ = stacks
+    host, port = stack.http_address.rsplit(":", 1)
+    with pytest.raises((http.client.HTTPException, OSError)):  # plaintext to the TLS port
+        plain = http.client.HTTPConnection(host, int(port), timeout=10)
+        plain.request("GET", "/v1/models")
+        plain.getresponse().read()
+    context = ssl.create_default_context(cafile=secrets["client"].tls_ca_file)
+    for headers, status in (({}, 401), ({"Authorization": "Bearer nope"}, 401),
+                            ({"Authorization": f"Bearer {API_KEY}"}, 200)):
+        connection = http.client.HTTPSConnection(host, int(port), timeout=10, context=context)
+        connection.request("GET", "/v1/models", headers=headers)
+        assert connection.getresponse().status == status
+        connection.close()
+    session, stream = http_stream(f"https://{stack.http_address}", 60, api_key=API_KEY, security=secrets["client"])
+    with contextlib.closing(session):  # the load test's HTTP transport, with the deployment's CA and key
+        chunks = list(stream("Hi", SamplingParams(max_new_tokens=4, ignore_eos=True)))
+    assert sum(n for n, _ in chunks) == 4 and chunks[-1][1].num_new_tokens == 4
 
 
 # -- attacks by an authenticated peer ----------------------------------------------------------

@@ -199,6 +199,9 @@ def test_example_deployment_loads():
 
     config = load_stack_config(Path(__file__).resolve().parents[2] / "deploy" / "configs" / "local.yaml")
     assert config.drafts[0].drafter == "ngram" and config.targets[0].model is None
+    secure = load_stack_config(Path(__file__).resolve().parents[2] / "deploy" / "configs" / "secure.yaml")
+    assert secure.targets[0].security == secure.router.security == secure.security
+    assert secure.security.mutual_tls and secure.router.host == "0.0.0.0"
 
 
 def test_router_and_client_import_no_torch():
