@@ -18,14 +18,17 @@ from target_service.worker import TargetWorker
 POLL_S = 0.5  # how often a blocked stream checks that its call is still alive
 # Threads for short calls (Release, GetWorkerInfo, health, refusals) beyond the long-lived streams.
 SHORT_CALL_THREADS = 16
+# Routers' health Watch streams (router/health_watch.py), one per router, each holding a thread.
+WATCH_THREADS = 8
 
 
 def rpc_threads(config: TargetConfig) -> int:
     """gRPC threads, and the most calls in progress at once. Every long-lived stream is bounded (one
-    Admit per admitted sequence, one Verify per draft link), and these bounds leave SHORT_CALL_THREADS
-    free: no caller holding streams, however many it opens, can take the thread a router's call needs.
-    Beyond the total a call is refused at once (RESOURCE_EXHAUSTED) rather than left waiting."""
-    return config.max_sequences + config.max_draft_links + SHORT_CALL_THREADS
+    Admit per admitted sequence, one Verify per draft link, a health Watch per router), and these
+    bounds leave SHORT_CALL_THREADS free: no caller holding streams, however many it opens, can take the
+    thread a router's call needs. Beyond the total a call is refused at once (RESOURCE_EXHAUSTED)
+    rather than left waiting."""
+    return config.max_sequences + config.max_draft_links + WATCH_THREADS + SHORT_CALL_THREADS
 
 
 class TargetServicer(target_pb2_grpc.TargetWorkerServicer):
