@@ -82,3 +82,30 @@ def test_who_sees_server_details(tmp_path):
     withhold_details(info)
     assert info.targets[0].address == "" and not info.targets[0].info.sequence_ids and info.targets[0].healthy
     assert info.drafts[0].address == "" and not info.users and info.num_active == 2
+
+
+def test_serve_flags_reach_every_server():
+    from specdec.cli import build_parser
+    from specdec.commands.serve import stack_config
+    from specdec.serving_config import DraftConfig, TargetConfig, config_from_args
+
+    config = stack_config(build_parser().parse_args(["serve", "--host", "0.0.0.0", "--insecure"]))
+    for component in (config.router, *config.targets, *config.drafts):
+        assert component.host == "0.0.0.0" and component.security.insecure
+    assert config.security.insecure
+    args = build_parser().parse_args(["serve", "target", "--host", "10.0.0.1", "--advertise-host", "t0.internal",
+                                      "--tls-cert-file", "/c", "--tls-key-file", "/k", "--drain-timeout-s", "5"])
+    assert config_from_args(args, TargetConfig) == TargetConfig(
+        host="10.0.0.1", advertise_host="t0.internal", drain_timeout_s=5.0,
+        security=SecurityConfig(tls_cert_file="/c", tls_key_file="/k"))
+    with pytest.raises(InvalidArgument, match="go together"):
+        config_from_args(build_parser().parse_args(["serve", "draft", "--tls-cert-file", "/c"]), DraftConfig)
+
+
+def test_unreadable_certificates_are_one_line_errors(tmp_path):
+    from specdec.rpc.security import server_credentials
+
+    with pytest.raises(InvalidArgument, match="cannot read tls_key_file"):
+        server_credentials(SecurityConfig(tls_cert_file=str(tmp_path / "c"), tls_key_file=str(tmp_path / "k")), True)
+    with pytest.raises(InvalidArgument, match="needs tls_cert_file"):
+        server_credentials(SecurityConfig(tls_ca_file=str(tmp_path / "ca")), True)
