@@ -135,5 +135,10 @@ def insecure_notice(kind: str, host: str, security: SecurityConfig, environ: Map
     if is_loopback(host) or security.enabled(environ):
         return None
     why = "--insecure" if security.insecure else "no security section (TLS certificates or a token)"
+    if kind == "router":  # its callers are users (API keys, if configured, still apply)
+        plaintext = "" if security.tls and security.tls_cert_file else (
+            ", and requests, API keys and text cross the network in plaintext")
+        return (f"specdec router: WARNING: insecure mode on {host} ({why}): its calls to workers carry no "
+                f"credentials{plaintext}")
     return (f"specdec {kind}: WARNING: serving without authentication on {host} ({why}): anyone who can reach "
             f"this port can call every RPC of it")

@@ -34,6 +34,7 @@ def test_the_insecure_notice_is_said_beyond_loopback_only(tmp_path):
     notice = insecure_notice("target", "0.0.0.0", SecurityConfig(insecure=True, token_file=str(token)), environ={})
     assert "--insecure" in notice and "0.0.0.0" in notice and "\n" not in notice
     assert "no security section" in insecure_notice("draft", "10.0.0.7", SecurityConfig(), environ={})
+    assert "plaintext" in insecure_notice("router", "0.0.0.0", SecurityConfig(), environ={})
     assert insecure_notice("target", "0.0.0.0", SecurityConfig(token_file=str(token)), environ={}) is None
     assert insecure_notice("target", "0.0.0.0", SecurityConfig(), environ={"SPECDEC_INTERNAL_TOKEN": "t"}) is None
 
