@@ -35,8 +35,13 @@ run: model
 proto: setup
 	$(PY) -m specdec.rpc.codegen
 
+# Two passes: every module but the timing-bound ones two files at a time (pytest-xdist), then those
+# alone (tests/conftest.py: SERIAL_MODULES). Both always run; the exit status is the worse of the two.
+PYTEST_ARGS ?=
 test: model
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile -m "not serial" $(PYTEST_ARGS); a=$$?; \
+	$(PY) -m pytest -q -p no:cacheprovider -m serial $(PYTEST_ARGS); b=$$?; \
+	exit $$(( a > b ? a : b ))
 
 # Spec-Bench: every method and the transformers peers, greedy and sampling; refreshes benchmarks/results/
 # (report.json, report.md, plots). About 20 minutes on 2 idle cores; pass options with BENCH_ARGS="...".

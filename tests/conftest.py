@@ -62,3 +62,18 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# Modules whose tests assert wall-clock bounds (a refusal "at once", an inter-token gap, a draft wait).
+# `make test` runs every other module two at a time (pytest-xdist, one file per worker) and these
+# afterwards, alone, so a neighbour's import or forward cannot eat their budget.
+SERIAL_MODULES = frozenset({
+    "test_admission_flood", "test_chunked_prefill", "test_draft_death", "test_hostile_inputs",
+    "test_router_batching", "test_step_faults", "test_router_admission",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module.__name__.rpartition(".")[2] in SERIAL_MODULES:
+            item.add_marker(pytest.mark.serial)

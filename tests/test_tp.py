@@ -1,4 +1,8 @@
-"""Tensor parallelism of the in-process engine: `specdec generate --tp N` prints the same token ids."""
+"""Tensor parallelism of the in-process engine: `specdec generate --tp N` prints the same token ids.
+
+SmolLM2 split three ways is checked through the served stack (tests/e2e/test_tp_serving.py); here the
+CLI path runs on a tiny model, which splits two ways.
+"""
 from __future__ import annotations
 
 import json
@@ -27,11 +31,6 @@ def test_tp2_equals_tp1_on_small_model(tiny_with_tokenizer):
     want = token_ids(*args)
     assert len(want) == 32
     assert token_ids(*args, "--tp", "2") == want
-
-
-def test_smollm2_tp3_equals_tp1(smol_path):
-    args = ("--chat", "--drafter", "ngram", "--max-new-tokens", "20", 'Repeat exactly: {"id": 7, "ok": true}')
-    assert token_ids(*args, "--tp", "3") == token_ids(*args)
 
 
 def test_degree_that_does_not_divide_heads_names_valid_ones(smol_path):
