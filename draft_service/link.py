@@ -8,8 +8,10 @@ from typing import Callable
 
 import grpc
 
+from specdec.rpc.security import open_channel
 from specdec.rpc.server import channel_options
 from specdec.rpc.v1 import target_pb2, target_pb2_grpc
+from specdec.security_config import SecurityConfig
 
 log = logging.getLogger(__name__)
 
@@ -18,10 +20,11 @@ class TargetLink:
     """send() queues a DraftMessage; every VerifyMessage goes to on_message(link, message);
     on_lost(link) runs once when the stream breaks (the target died or closed it)."""
 
-    def __init__(self, address: str, on_message: Callable, on_lost: Callable):
+    def __init__(self, address: str, on_message: Callable, on_lost: Callable,
+                 security: SecurityConfig = SecurityConfig()):
         self.address = address
         self.outbox: queue.Queue = queue.Queue()
-        self.channel = grpc.insecure_channel(address, options=channel_options())
+        self.channel = open_channel(address, security, channel_options())  # this worker's certificate / token
         self.alive = True
         self._on_message, self._on_lost = on_message, on_lost
         self.call = target_pb2_grpc.TargetWorkerStub(self.channel).Verify(self._requests())

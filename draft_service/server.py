@@ -7,7 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from specdec.rpc.convert import params_from_pb
-from specdec.rpc.server import run_until_signalled, start_server
+from specdec.rpc.server import Drain, run_until_signalled, start_server
 from specdec.rpc.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 from specdec.serving_config import DraftConfig, add_config_args, config_from_args
 from specdec.telemetry import setup as setup_telemetry
@@ -21,11 +21,11 @@ class DraftServicer(draft_pb2_grpc.DraftWorkerServicer):
 
     def Attach(self, request, context):
         self.worker.attach(request.sequence_id, request.target_address, list(request.prompt_ids),
-                           params_from_pb(request.params), request.timeout_s)
+                           params_from_pb(request.params), request.timeout_s, request.owner_key, request.draft_key)
         return draft_pb2.AttachResponse()
 
     def Release(self, request, context):
-        return common_pb2.ReleaseResponse(released=self.worker.release(request.sequence_id))
+        return common_pb2.ReleaseResponse(released=self.worker.release(request.sequence_id, request.owner_key))
 
     def GetWorkerInfo(self, request, context):
         ids, served = self.worker.info()
@@ -89,13 +89,15 @@ def serve(config: DraftConfig) -> int:
     if config.num_threads > 0:
         torch.set_num_threads(config.num_threads)
     drafter, model_path, vocab_size = build_drafter(config)
-    telemetry = setup_telemetry("draft", config.metrics_port)
+    telemetry = setup_telemetry("draft", config.metrics_port, config.host)
     worker = DraftWorker(drafter, config, telemetry)
     servicer = DraftServicer(worker, model_path, vocab_size)
     running = start_server(lambda s: draft_pb2_grpc.add_DraftWorkerServicer_to_server(servicer, s),
-                           ["specdec.v1.DraftWorker"], config.port, interceptors=telemetry.server_interceptors())
-    return run_until_signalled(running, "draft", on_stop=worker.stop, telemetry=telemetry)
-
+                           ["specdec.v1.DraftWorker"], config.port, host=config.host,
+                           interceptors=telemetry.server_interceptors(), security=config.security,
+                           advertise_host=config.advertise_host, kind="draft")
+    drain = Drain(worker.begin_drain, worker.num_running, config.drain_timeout_s)
+    return run_until_signalled(running, "draft", on_stop=worker.stop, telemetry=telemetry, drain_plan=drain)
 
 
 def main(argv: list[str] | None = None) -> int:

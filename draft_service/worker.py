@@ -24,6 +24,8 @@ import torch
 from specdec.core.sampling import make_generator
 from specdec.core.tree import DraftTree
 from specdec.core.types import SamplingParams
+from specdec.errors import InvalidArgument, PermissionDenied, Unavailable
+from specdec.keys import key_matches
 from specdec.policy import DraftBudget, PolicyConfig, SpeculationPolicy
 from specdec.rpc.trees import tree_to_pb
 from specdec.rpc.v1 import target_pb2
@@ -79,6 +81,8 @@ class DraftSeq:
     max_tokens: int | None = None  # the target's load-aware budget from the last commit (None = no limit)
     drafted: tuple[float, float, int] = (0.0, 0.0, 0)  # the last draft: (time.monotonic() start, seconds, depth)
     trace_parent: object | None = None  # the Attach call's trace context: parent of its draft spans
+    owner_key: str = ""  # Release must present it (specdec.keys); "" = anyone
+    draft_key: str = ""  # sent with every draft: the target verifies drafts only from the attached worker
 
     def budget(self, policy: SpeculationPolicy, ahead: int = 0) -> DraftBudget:
         """What to draft for the next step, `ahead` tokens past the committed context: the policy's
@@ -97,6 +101,7 @@ class DraftWorker:
         self.links: dict[str, TargetLink] = {}
         self.events: queue.Queue = queue.Queue()
         self.num_served = 0
+        self.draining = False  # SIGTERM: attach nothing new, draft on for the attached sequences
         # acceptance and depth per sequence; the target's announced budget caps it (load-aware there)
         self.policy = SpeculationPolicy(PolicyConfig(max_depth=config.num_speculative_tokens,
                                                      adaptive=config.adaptive, load_aware=False))
@@ -105,27 +110,46 @@ class DraftWorker:
         self.thread.start()
 
     # -- calls from the servicer and the links ------------------------------------------------
-    def attach(self, seq_id: str, target: str, prompt_ids: list[int], params: SamplingParams, timeout_s: float):
+    def attach(self, seq_id: str, target: str, prompt_ids: list[int], params: SamplingParams, timeout_s: float,
+               owner_key: str = "", draft_key: str = ""):
         with self.lock:
+            if self.draining:
+                raise Unavailable("draft worker is draining (shutting down): the target decodes without it")
+            if seq_id in self.seqs:  # another caller's sequence is not taken over (nor its target changed)
+                raise InvalidArgument(f"sequence {seq_id!r} is already attached")
             link = self.links.get(target)
             if link is None or not link.alive:
-                link = self.links[target] = TargetLink(target, self._on_message, self._on_lost)
+                link = self.links[target] = TargetLink(target, self._on_message, self._on_lost, self.config.security)
             self.policy.add(seq_id)
             self.seqs[seq_id] = DraftSeq(
                 seq_id, link, params, list(prompt_ids), self.drafter.new_session(),
                 None if params.greedy else make_generator(None),
                 time.monotonic() + timeout_s if timeout_s > 0 else float("inf"), prompt_len=len(prompt_ids),
-                trace_parent=self.telemetry.current_context())
+                trace_parent=self.telemetry.current_context(), owner_key=owner_key, draft_key=draft_key)
         self.events.put(("start", seq_id))
 
-    def release(self, seq_id: str) -> bool:
+    def release(self, seq_id: str, owner_key: str | None = None) -> bool:
+        """Stop drafting for the sequence; a caller's Release passes `owner_key`, which must be the
+        sequence's (PERMISSION_DENIED otherwise). None: the worker itself."""
         with self.lock:
+            held = self.seqs.get(seq_id)
+            if held is not None and owner_key is not None and not key_matches(held.owner_key, owner_key):
+                raise PermissionDenied(f"sequence {seq_id!r} belongs to another client: only the caller that "
+                                       f"attached it may release it")
             seq = self.seqs.pop(seq_id, None)
             self.policy.remove(seq_id)
             self.num_served += seq is not None
         if seq is not None and hasattr(seq.session, "close"):  # drafters that learn from finished generations
             seq.session.close(seq.context, seq.prompt_len)
         return seq is not None
+
+    def begin_drain(self) -> None:
+        with self.lock:
+            self.draining = True
+
+    def num_running(self) -> int:
+        with self.lock:
+            return len(self.seqs)
 
     def info(self) -> tuple[list[str], int]:
         with self.lock:
@@ -212,7 +236,9 @@ class DraftWorker:
             seq.context, seq.version = list(refusal.context_ids), refusal.current_version
             seq.synced_at = time.monotonic()
             self._send_fresh(seq)
-        elif refusal.kind == Refusal.UNKNOWN_SEQUENCE:
+        elif refusal.kind in (Refusal.UNKNOWN_SEQUENCE, Refusal.NOT_ATTACHED):
+            if refusal.kind == Refusal.NOT_ATTACHED:
+                log.warning("target refused drafts for %s: %s", seq.seq_id, refusal.reason)
             self.release(seq.seq_id)
         else:  # malformed: a drafter bug; the target decodes on alone and the next commit restarts us
             log.warning("draft for %s refused: %s", seq.seq_id, refusal.reason)
@@ -255,7 +281,8 @@ class DraftWorker:
         depth = len(first_path(tree)) if tree.num_nodes else 0
         seq.sent = (seq.version, depth, seq.synced_at)
         seq.num_drafts += 1
-        message = target_pb2.DraftMessage(sequence_id=seq.seq_id, version=seq.version, tree=tree_to_pb(tree))
+        message = target_pb2.DraftMessage(sequence_id=seq.seq_id, version=seq.version, tree=tree_to_pb(tree),
+                                          draft_key=seq.draft_key)
         if drafted is not None:
             self.instruments.sent(drafted[1], pipelined)
             if self.telemetry.tracing:  # the step this draft is for is version + 1

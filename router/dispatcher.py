@@ -12,7 +12,7 @@ import logging
 import os
 import time
 import uuid
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterator, NamedTuple, Protocol
 
 import grpc
 
@@ -23,7 +23,8 @@ from router.pool import WorkerPool
 from router.prompts import PromptEncoder
 from router.tokenize_pool import TokenizePool
 from specdec.core.types import GenerationStats, tally_accepted
-from specdec.errors import InvalidArgument, ServerError
+from specdec.errors import InvalidArgument, ServerError, Unavailable
+from specdec.keys import new_key
 from specdec.rpc.convert import params_from_pb, params_to_pb, prompt_from_pb, stats_to_pb
 from specdec.rpc.v1 import common_pb2, draft_pb2, draft_pb2_grpc, generation_pb2, target_pb2, target_pb2_grpc
 from specdec.serving_config import RouterConfig
@@ -36,6 +37,21 @@ TARGET_INFO_TIMEOUT_S = 2.0
 PROBE_TIMEOUT_S = 1.0  # a draft worker back from the bench must answer this fast to be used
 MAX_USER_LEN = 256
 NO_DEADLINE_S = 1e8  # grpc reports "no deadline" as a huge time remaining
+
+
+class NotAdmitted(Exception):
+    """The target refused the sequence before admitting it (UNAVAILABLE: draining, or gone): nothing
+    was streamed, so the request is placed again on another target. `error`: the refusal."""
+
+    def __init__(self, error: grpc.RpcError):
+        super().__init__(str(error))
+        self.error = error
+
+
+class SequenceKeys(NamedTuple):
+    """The secrets of one sequence (specdec.keys): `owner` stays here, `draft` goes to its draft worker."""
+    owner: str
+    draft: str
 
 
 class Call(Protocol):
@@ -60,10 +76,12 @@ class Dispatcher:
         self.target_info = target_info
         self.telemetry = telemetry or Telemetry.off()
         self.model_name = os.path.basename(os.path.normpath(target_info.model_path)) or "model"
-        self.targets = WorkerPool(workers.targets, target_pb2_grpc.TargetWorkerStub, wrap=self.telemetry.traced_channel)
+        self.draining = False  # SIGTERM: no new request; the running and queued ones finish
+        self.targets = WorkerPool(workers.targets, target_pb2_grpc.TargetWorkerStub, wrap=self.telemetry.traced_channel,
+                                  security=config.security)
         # a target that drafts for itself (Medusa, EAGLE, ...) gets no draft worker
         self.drafts = WorkerPool(() if target_info.drafter else workers.drafts, draft_pb2_grpc.DraftWorkerStub,
-                                 wrap=self.telemetry.traced_channel)
+                                 wrap=self.telemetry.traced_channel, security=config.security)
         self.admission = Admission(config.max_active, config.max_queue, len(workers.targets),
                                    config.max_active_per_user, config.max_queued_per_user,
                                    is_healthy=lambda index: self.targets.workers[index].healthy)
@@ -92,13 +110,26 @@ class Dispatcher:
             self.drafts.sync(found.drafts)
 
     def any_target_healthy(self) -> bool:
-        return any(worker.healthy for worker in self.targets.workers)
+        return not self.draining and any(worker.healthy for worker in self.targets.workers)
+
+    def begin_drain(self) -> None:
+        """Take no new request (UNAVAILABLE); what is running or queued goes on to its end."""
+        self.draining = True
+
+    def num_running(self) -> int:
+        return sum(self.admission.counts())
+
+    def close(self) -> None:
+        self.targets.close()
+        self.drafts.close()
 
     def generate(self, request: generation_pb2.GenerateRequest, call: Call,
                  fill_context: bool = False) -> Iterator[generation_pb2.GenerateResponse]:
         """Stream one generation. `fill_context`: an unset max_new_tokens means the rest of the context
         (what OpenAI's chat API promises; at most what a target's KV cache can hold) instead of
         SamplingParams' default."""
+        if self.draining:
+            raise Unavailable("this router is draining (shutting down): send the request to another router")
         check_request(request, self.limits)  # by size, before anything is copied or tokenized
         prompt_ids = self.tokenizing.encode(prompt_from_pb(request), request.chat, call.is_active,
                                             lambda: time_remaining(call))
@@ -120,13 +151,18 @@ class Dispatcher:
                              params, len(prompt_ids))
         error = None
         try:
-            with trace.queue():
-                ticket = self.admission.acquire(call.is_active, lambda: time_remaining(call),
-                                                request.user or call.peer(), len(prompt_ids) + params.max_new_tokens)
-            try:
-                yield from self._generate(ticket.target, prompt_ids, params, call, trace)
-            finally:
-                self.admission.release(ticket)
+            for attempt in range(len(self.targets.workers) + 1):
+                with trace.queue():
+                    ticket = self.admission.acquire(call.is_active, lambda: time_remaining(call),
+                                                    request.user or call.peer(), len(prompt_ids) + params.max_new_tokens)
+                try:
+                    yield from self._generate(ticket.target, prompt_ids, params, call, trace)
+                    break
+                except NotAdmitted as refused:  # nothing streamed yet: place it again, elsewhere
+                    if attempt == len(self.targets.workers):
+                        raise refused.error from None
+                finally:
+                    self.admission.release(ticket)
         except Exception as exc:
             error = exc
             raise
@@ -139,15 +175,22 @@ class Dispatcher:
         draft = self._draft_worker(call)
         trace.admitted(target.address, draft.address if draft is not None else "")
         seq_id = uuid.uuid4().hex
+        keys = SequenceKeys(new_key(), new_key())  # release ours only; drafts from the attached worker only
         admit = target.stub.Admit(target_pb2.AdmitRequest(
-            sequence_id=seq_id, prompt_ids=prompt_ids, params=params_to_pb(params), expect_drafts=draft is not None),
-            timeout=time_remaining(call), metadata=trace.metadata())
+            sequence_id=seq_id, prompt_ids=prompt_ids, params=params_to_pb(params), expect_drafts=draft is not None,
+            owner_key=keys.owner, draft_key=keys.draft), timeout=time_remaining(call), metadata=trace.metadata())
         call.add_callback(admit.cancel)  # client gone -> the target's Admit ends -> sequence released there
         try:
-            admitted = next(admit)  # prefill done
+            try:
+                admitted = next(admit)  # prefill done
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or not call.is_active():
+                    raise
+                self.targets.bench(target)  # draining or gone: it admitted nothing
+                raise NotAdmitted(exc) from exc
             if draft is not None:
                 with trace.use():
-                    draft = self._attach(draft, target.address, seq_id, prompt_ids, params, call)
+                    draft = self._attach(draft, target.address, seq_id, keys, prompt_ids, params, call)
             yield from self._relay(admit, admitted.prefill_s, prompt_ids, start, trace)
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.UNAVAILABLE:
@@ -157,9 +200,9 @@ class Dispatcher:
             raise
         finally:
             admit.cancel()
-            self._release(target, seq_id)
+            self._release(target, seq_id, keys.owner)
             if draft is not None:
-                self._release(draft, seq_id)
+                self._release(draft, seq_id, keys.owner)
                 self.drafts.release(draft)
 
     def _draft_worker(self, call: Call):
@@ -180,13 +223,13 @@ class Dispatcher:
         self.drafts.cleared(draft)
         return draft
 
-    def _attach(self, draft, target_address, seq_id, prompt_ids, params, call: Call):
+    def _attach(self, draft, target_address, seq_id, keys: SequenceKeys, prompt_ids, params, call: Call):
         """Assign the draft worker; without it the target simply decodes alone."""
         remaining = time_remaining(call)
         try:
             draft.stub.Attach(draft_pb2.AttachRequest(
                 sequence_id=seq_id, target_address=target_address, prompt_ids=prompt_ids,
-                params=params_to_pb(params), timeout_s=remaining or 0.0),
+                params=params_to_pb(params), timeout_s=remaining or 0.0, owner_key=keys.owner, draft_key=keys.draft),
                 timeout=min(self.config.worker_timeout_s, remaining or self.config.worker_timeout_s))
             return draft
         except grpc.RpcError as exc:
@@ -221,9 +264,10 @@ class Dispatcher:
             yield response
         raise ServerError("the target worker ended the sequence without finishing it")
 
-    def _release(self, worker, seq_id: str) -> None:
+    def _release(self, worker, seq_id: str, owner_key: str) -> None:
         try:
-            worker.stub.Release(common_pb2.ReleaseRequest(sequence_id=seq_id), timeout=RELEASE_TIMEOUT_S)
+            worker.stub.Release(common_pb2.ReleaseRequest(sequence_id=seq_id, owner_key=owner_key),
+                                timeout=RELEASE_TIMEOUT_S)
         except grpc.RpcError as exc:
             log.warning("release of %s at %s failed: %s", seq_id, worker.address, exc.code())
 

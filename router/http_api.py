@@ -40,6 +40,7 @@ from router.http_call import HttpCall, cancel_on_disconnect, generations
 from router.openai_schema import SSE_DONE, ApiError, ResponseBuilder, bad_request, parse_request, sse
 from specdec.errors import Unauthenticated, Unavailable
 from specdec.rpc.status import status_of
+from specdec.security_config import LOOPBACK, SecurityConfig, advertised_host, join_host_port
 
 log = logging.getLogger(__name__)
 TIMEOUT_HEADER = "x-timeout-s"
@@ -124,7 +125,8 @@ class OpenAIApp:
     async def health(self, request: Request):
         if self.dispatcher.any_target_healthy():
             return JSONResponse({"status": "ok"})
-        return error_response(api_error(Unavailable("no healthy target worker"), False))
+        reason = "the router is draining" if self.dispatcher.draining else "no healthy target worker"
+        return error_response(api_error(Unavailable(reason), False))
 
     async def _generate(self, request: Request, chat: bool):
         try:
@@ -210,17 +212,23 @@ class HttpServer:
         self.thread.join(timeout_s)
 
 
-def start_http(dispatcher: Dispatcher, keys: ApiKeys, port: int, host: str = "127.0.0.1") -> HttpServer:
-    """Bind (port 0 = any free port), serve on a daemon thread, return once it accepts connections."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+def start_http(dispatcher: Dispatcher, keys: ApiKeys, port: int, host: str = LOOPBACK,
+               advertise_host: str | None = None, security: SecurityConfig = SecurityConfig()) -> HttpServer:
+    """Bind (port 0 = any free port), serve on a daemon thread, return once it accepts connections.
+    With a certificate in the security section it serves HTTPS, as the gRPC port serves TLS."""
+    name = host.strip("[]")
+    sock = socket.socket(socket.AF_INET6 if ":" in name else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, port))
+        sock.bind((name, port))
     except OSError as exc:
         sock.close()
         raise Unavailable(f"cannot bind the HTTP API to {host}:{port}: {exc}") from exc
+    tls = security.tls and security.tls_cert_file
     config = uvicorn.Config(OpenAIApp(dispatcher, keys).app, http="h11", loop="asyncio", lifespan="off",
-                            log_level="warning", access_log=False, timeout_graceful_shutdown=2)
+                            log_level="warning", access_log=False, timeout_graceful_shutdown=2,
+                            ssl_certfile=security.tls_cert_file if tls else None,
+                            ssl_keyfile=security.tls_key_file if tls else None)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="http-api", daemon=True)
     thread.start()
@@ -229,4 +237,4 @@ def start_http(dispatcher: Dispatcher, keys: ApiKeys, port: int, host: str = "12
         if not thread.is_alive() or time.monotonic() > deadline:
             raise Unavailable("the HTTP API did not start")
         time.sleep(0.01)
-    return HttpServer(server, thread, f"{host}:{sock.getsockname()[1]}")
+    return HttpServer(server, thread, join_host_port(advertised_host(host, advertise_host), sock.getsockname()[1]))

@@ -3,7 +3,9 @@
 A worker whose call fails with UNAVAILABLE is benched for `bench_s` and then tried again, so a
 restarted worker rejoins without anyone telling the router. Back from the bench it is on probation
 until a call to it succeeds: callers that would pay for its silence (a target told to expect drafts
-waits for them) check it first with a quick call (`on_probation`, `cleared`).
+waits for them) check it first with a quick call (`on_probation`, `cleared`). A worker that reports
+NOT_SERVING (draining, or broken) gets no new work until it reports SERVING (router.health_watch).
+Channels carry this router's credentials (specdec.rpc.security).
 
 Discovery (router.discovery) may change the set of addresses while the router runs (`sync`): a new
 address is appended, one that vanished is marked gone (never chosen, its running sequences end as
@@ -16,9 +18,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-import grpc
-
+from router.health_watch import HealthWatch
+from specdec.rpc.security import open_channel
 from specdec.rpc.server import channel_options
+from specdec.security_config import SecurityConfig
 
 
 @dataclass
@@ -29,19 +32,33 @@ class Worker:
     benched_until: float = 0.0
     on_probation: bool = False  # benched before, not yet seen answering since
     gone: bool = False  # discovery no longer lists it
+    serving: bool = True  # its own health report (False while it drains)
+    watch: HealthWatch | None = None
 
     @property
     def healthy(self) -> bool:
-        return not self.gone and time.monotonic() >= self.benched_until
+        return not self.gone and self.serving and time.monotonic() >= self.benched_until
 
 
 class WorkerPool:
-    def __init__(self, addresses: tuple[str, ...], stub_cls, bench_s: float = 5.0, wrap=lambda channel: channel):
+    def __init__(self, addresses: tuple[str, ...], stub_cls, bench_s: float = 5.0, wrap=lambda channel: channel,
+                 security: SecurityConfig = SecurityConfig()):
         """wrap(channel): the channel the stub uses (telemetry's tracing interceptor)."""
         self.lock = threading.Lock()
         self.bench_s = bench_s
-        self.connect = lambda address: stub_cls(wrap(grpc.insecure_channel(address, options=channel_options())))
-        self.workers = [Worker(a, self.connect(a)) for a in addresses]
+        self.stub_cls, self.wrap, self.security = stub_cls, wrap, security
+        self.workers = [self.connect(a) for a in addresses]
+
+    def connect(self, address: str) -> Worker:
+        """A worker with its own credentialed channel, its stub, and a watch on its health."""
+        channel = open_channel(address, self.security, channel_options())
+        worker = Worker(address, self.stub_cls(self.wrap(channel)))
+        worker.watch = HealthWatch(channel, lambda serving, worker=worker: setattr(worker, "serving", serving))
+        return worker
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.watch.stop()
 
     def acquire(self) -> Worker | None:
         with self.lock:
@@ -73,7 +90,7 @@ class WorkerPool:
             joined, left = [], []
             for address in addresses:
                 if address not in known:
-                    self.workers.append(Worker(address, self.connect(address)))
+                    self.workers.append(self.connect(address))
                     joined.append(len(self.workers) - 1)
                 elif self.workers[known[address]].gone:
                     worker = self.workers[known[address]]

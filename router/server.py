@@ -10,8 +10,10 @@ from router.api_keys import ApiKeyInterceptor, ApiKeys
 from router.discovery import Discovery
 from router.dispatcher import TARGET_INFO_TIMEOUT_S, Dispatcher
 from specdec.errors import InvalidArgument, Unavailable
-from specdec.rpc.server import run_until_signalled, start_server
+from specdec.rpc.security import open_channel
+from specdec.rpc.server import Drain, run_until_signalled, start_server
 from specdec.rpc.v1 import common_pb2, generation_pb2, generation_pb2_grpc, target_pb2_grpc
+from specdec.security_config import SecurityConfig
 from specdec.serving_config import RouterConfig, add_config_args, config_from_args
 from specdec.telemetry import setup as setup_telemetry
 
@@ -19,14 +21,20 @@ from specdec.telemetry import setup as setup_telemetry
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     """Converts only: the dispatcher does the work for this door and for the HTTP API alike."""
 
-    def __init__(self, dispatcher: Dispatcher):
-        self.dispatcher = dispatcher
+    def __init__(self, dispatcher: Dispatcher, keys: ApiKeys):
+        self.dispatcher, self.keys = dispatcher, keys
         self.config, self.target_info = dispatcher.config, dispatcher.target_info
 
     def Generate(self, request, context):
         yield from self.dispatcher.generate(request, context)
 
     def GetServerInfo(self, request, context):
+        info = self._server_info()
+        if not self.keys.shows_details(dict(context.invocation_metadata()).get("authorization")):
+            withhold_details(info)
+        return info
+
+    def _server_info(self) -> generation_pb2.ServerInfo:
         info = generation_pb2.ServerInfo(
             version=package_version(), model_path=self.target_info.model_path,
             vocab_size=self.target_info.vocab_size, max_context_len=self.target_info.max_context_len,
@@ -59,6 +67,14 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         return info
 
 
+def withhold_details(info: generation_pb2.ServerInfo) -> None:
+    """What only an admin key may see: where the workers are, which sequences they hold, who asks."""
+    for status in (*info.targets, *info.drafts):
+        status.address = ""
+        del status.info.sequence_ids[:]
+    del info.users[:]
+
+
 def _add_admission_figures(info: generation_pb2.ServerInfo, figures) -> None:
     info.num_active, info.num_queued = figures.num_active, figures.num_queued
     info.num_admitted, info.num_rejected, info.num_abandoned = (figures.num_admitted, figures.num_rejected,
@@ -79,11 +95,12 @@ def package_version() -> str:
         return "unknown"
 
 
-def fetch_target_info(address: str, timeout_s: float) -> common_pb2.WorkerInfo:
+def fetch_target_info(address: str, timeout_s: float, security: SecurityConfig = SecurityConfig()
+                      ) -> common_pb2.WorkerInfo:
     """Ask the first target what it serves (vocabulary, context, model dir for the tokenizer)."""
     from specdec.rpc.server import channel_options
 
-    with grpc.insecure_channel(address, options=channel_options()) as channel:
+    with open_channel(address, security, channel_options()) as channel:
         try:
             grpc.channel_ready_future(channel).result(timeout=timeout_s)
             return target_pb2_grpc.TargetWorkerStub(channel).GetWorkerInfo(common_pb2.WorkerInfoRequest(),
@@ -100,26 +117,33 @@ def serve(config: RouterConfig) -> int:
     if not workers.targets:
         raise Unavailable(f"no target worker found (targets {list(config.targets)}, workers file "
                           f"{config.workers_file})")
-    keys = ApiKeys.load(config.api_keys_file)
-    telemetry = setup_telemetry("router", config.metrics_port)
-    dispatcher = Dispatcher(config, fetch_target_info(workers.targets[0], config.worker_timeout_s), telemetry, workers)
+    keys = ApiKeys.load(config.api_keys_file, admin_path=config.admin_keys_file,
+                        secured=config.security.enabled())
+    telemetry = setup_telemetry("router", config.metrics_port, config.host)
+    target_info = fetch_target_info(workers.targets[0], config.worker_timeout_s, config.security)
+    dispatcher = Dispatcher(config, target_info, telemetry, workers)
     discovery.start(workers, dispatcher.sync_workers)
-    servicer = GenerationServicer(dispatcher)
+    servicer = GenerationServicer(dispatcher, keys)
     interceptors = [*telemetry.server_interceptors(), *([ApiKeyInterceptor(keys)] if keys.enabled else ())]
     running = start_server(lambda s: generation_pb2_grpc.add_GenerationServicer_to_server(servicer, s),
-                           ["specdec.v1.Generation"], config.port, interceptors=interceptors,
-                           max_receive_bytes=dispatcher.limits.max_request_bytes)
+                           ["specdec.v1.Generation"], config.port, host=config.host, interceptors=interceptors,
+                           max_receive_bytes=dispatcher.limits.max_request_bytes, security=config.security,
+                           internal=False, advertise_host=config.advertise_host, kind="router")
     http = None
     if config.http_port >= 0:
         from router.http_api import start_http
 
         try:
-            http = start_http(dispatcher, keys, config.http_port)
+            http = start_http(dispatcher, keys, config.http_port, config.host, config.advertise_host,
+                              config.security)
         except BaseException:
             running.stop()
             raise
-    return run_until_signalled(running, "router", on_stop=lambda: (discovery.stop(), http and http.stop()),
-                               ready_detail=f"; http on {http.address}" if http else "", telemetry=telemetry)
+    drain = Drain(dispatcher.begin_drain, dispatcher.num_running, config.drain_timeout_s)
+    return run_until_signalled(running, "router",
+                               on_stop=lambda: (discovery.stop(), http and http.stop(), dispatcher.close()),
+                               ready_detail=f"; http on {http.address}" if http else "", telemetry=telemetry,
+                               drain_plan=drain)
 
 
 def main(argv: list[str] | None = None) -> int:

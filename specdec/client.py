@@ -8,7 +8,9 @@
 
 Errors come back as the specdec error of their status (InvalidArgument, ResourceExhausted,
 DeadlineExceeded, ...). A router that requires API keys gets `api_key=` (default: env SPECDEC_API_KEY)
-as `authorization: Bearer KEY` metadata. No torch is imported.
+as `authorization: Bearer KEY` metadata; one that serves TLS gets `security=` (a SecurityConfig: the
+CA to trust, the name to expect). `Client(address, **client_options(load_stack_config(FILE)))`
+presents what a deployment file provides. No torch is imported.
 """
 from __future__ import annotations
 
@@ -20,12 +22,35 @@ import grpc
 
 from specdec.core.types import GenerationOutput, SamplingParams
 from specdec.rpc.convert import params_to_pb, prompt_to_pb, stats_from_pb
+from specdec.rpc.security import channel_credentials, tls_options
 from specdec.rpc.server import channel_options
 from specdec.rpc.status import to_exception
 from specdec.rpc.v1 import generation_pb2, generation_pb2_grpc
+from specdec.security_config import ADMIN_KEYS_ENV, API_KEYS_ENV, SecurityConfig, read_keys
 
 
 API_KEY_ENV = "SPECDEC_API_KEY"
+
+
+def client_options(stack) -> dict:
+    """Client keyword arguments from a deployment (specdec.serving_config.StackConfig): its security
+    section (the CA that signed the router's certificate), and an API key: env SPECDEC_API_KEY, else the
+    first of the router's API keys, else the first admin key (None when it configures none)."""
+    router = stack.router
+    keys = (os.environ.get(API_KEY_ENV) or None,
+            *read_keys(router.api_keys_file, API_KEYS_ENV, "api_keys_file"),
+            *read_keys(router.admin_keys_file, ADMIN_KEYS_ENV, "admin_keys_file"))
+    return {"api_key": next((k for k in keys if k), None), "security": stack.security}
+
+
+def _channel(address: str, security: SecurityConfig | None, aio: bool = False):
+    security = security or SecurityConfig()
+    options = [*channel_options(), *tls_options(security)]
+    credentials = channel_credentials(security)
+    module = grpc.aio if aio else grpc
+    if credentials is None:
+        return module.insecure_channel(address, options=options)
+    return module.secure_channel(address, credentials, options=options)
 
 
 @dataclass(frozen=True)
@@ -60,8 +85,8 @@ def _chunk(response: generation_pb2.GenerateResponse, token_ids: list[int]) -> S
 
 
 class Client:
-    def __init__(self, address: str, api_key: str | None = None):
-        self.channel = grpc.insecure_channel(address, options=channel_options())
+    def __init__(self, address: str, api_key: str | None = None, security: SecurityConfig | None = None):
+        self.channel = _channel(address, security)
         self.stub = generation_pb2_grpc.GenerationStub(self.channel)
         self.metadata = _metadata(api_key)
 
@@ -110,8 +135,8 @@ class Client:
 class AsyncClient:
     """The same calls for asyncio (grpc.aio); create it inside a running event loop."""
 
-    def __init__(self, address: str, api_key: str | None = None):
-        self.channel = grpc.aio.insecure_channel(address, options=channel_options())
+    def __init__(self, address: str, api_key: str | None = None, security: SecurityConfig | None = None):
+        self.channel = _channel(address, security, aio=True)
         self.stub = generation_pb2_grpc.GenerationStub(self.channel)
         self.metadata = _metadata(api_key)
 

@@ -69,19 +69,26 @@ def comparison(plain: Run, spec: Run) -> str:
     return "\n".join(lines + [f"speedup {speedup:.2f}x; identical output: {same}"])
 
 
-def served(stack, drafter: str) -> tuple[Run, Run]:
-    """The demo through a running stack, plus a plain router on the same target worker(s): (plain, spec)."""
-    from specdec.client import Client
-    from specdec.launch import spawn, wait_ready
-    from specdec.serving_config import RouterConfig
+def served(stack, drafter: str, config=None) -> tuple[Run, Run]:
+    """The demo through a running stack, plus a plain router on the same target worker(s): (plain, spec).
+    config: the stack's StackConfig (the plain router gets its router's security and keys)."""
+    import dataclasses
 
-    plain_router = spawn("router", RouterConfig(targets=tuple(t.address for t in stack.targets)))
+    from specdec.client import Client, client_options
+    from specdec.launch import spawn, wait_ready
+    from specdec.serving_config import StackConfig
+
+    config = config or StackConfig()
+    plain_router = spawn("router", dataclasses.replace(
+        config.router, targets=tuple(t.address for t in stack.targets), drafts=(), port=0, http_port=-1,
+        metrics_port=-1))
+    options = client_options(config)
     try:
         wait_ready(plain_router, 60.0)
         print(f"\nThe same request twice, greedy: through {stack.address} (router -> {drafter} draft worker -> "
               f"target worker)\nand through {plain_router.address} (a router on the same target worker, no drafter)."
               f"\n\nPrompt (one chat turn, up to {PARAMS.max_new_tokens} new tokens):\n{PROMPT}", flush=True)
-        with Client(stack.address) as spec_client, Client(plain_router.address) as plain_client:
+        with Client(stack.address, **options) as spec_client, Client(plain_router.address, **options) as plain_client:
             warm = SamplingParams(max_new_tokens=4)  # first calls pay one-off set-up; not what we measure
             spec_client.generate("Hi", warm, chat=True, timeout_s=120)
             plain_client.generate("Hi", warm, chat=True, timeout_s=120)

@@ -20,6 +20,11 @@ class Unauthenticated(SpecdecError):
     """The server needs an API key and the call had none or a wrong one (gRPC UNAUTHENTICATED)."""
 
 
+class PermissionDenied(SpecdecError):
+    """The caller is known but may not do this: release a sequence it does not own, for example
+    (gRPC PERMISSION_DENIED)."""
+
+
 class ResourceExhausted(SpecdecError):
     """The server's queue is full (gRPC RESOURCE_EXHAUSTED): retry later."""
 

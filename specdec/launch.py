@@ -1,7 +1,7 @@
 """Starting serving processes and the local stack, and always stopping them.
 
-Each worker is `python -m specdec.cli serve <kind> --flags...`, bound to 127.0.0.1 on a free port
-(port 0), and tells us its address on its ready line. Children get SIGTERM if this process dies
+Each worker is `python -m specdec.cli serve <kind> --flags...`, bound to its `host` (127.0.0.1 by
+default) on a free port (port 0), and tells us the address others dial on its ready line. Children get SIGTERM if this process dies
 (PR_SET_PDEATHSIG), so neither a crashed test nor a killed `specdec serve` leaves servers behind.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from specdec.errors import Unavailable
 from specdec.serving_config import StackConfig, config_to_argv, with_workers
 
-READY = re.compile(r"ready on (127\.0\.0\.1:\d+)")
+READY = re.compile(r"ready on (\S+:\d+)")
 HTTP_READY = re.compile(r"http on (\S+:\d+)")  # the router's OpenAI-compatible HTTP API, on its ready line
 METRICS_READY = re.compile(r"metrics on (\S+:\d+)")  # a server's Prometheus endpoint (--metrics-port)
 PR_SET_PDEATHSIG = 1
@@ -110,7 +110,7 @@ class Stack:
         return self.router.http_address
 
     def stop(self) -> None:
-        """SIGTERM to all at once (each drains for a moment), then wait for each; SIGKILL stragglers."""
+        """SIGTERM to all at once (each drains: what runs finishes), then wait for each; SIGKILL stragglers."""
         processes = [self.router, *self.drafts, *self.targets]
         for process in processes:
             if process.popen.poll() is None:

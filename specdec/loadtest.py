@@ -53,24 +53,24 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
-def _batch_counts(address: str) -> tuple[int, int] | None:
+def _batch_counts(address: str, client_options: dict) -> tuple[int, int] | None:
     """(sequence steps, verify forwards) summed over the server's targets; None if it does not say."""
     from specdec.client import Client
     from specdec.errors import SpecdecError
 
     try:
-        with Client(address) as client:
+        with Client(address, **client_options) as client:
             info = client.server_info()
     except SpecdecError:
         return None
     return info.num_sequence_steps, info.num_verify_forwards
 
 
-def _grpc_stream(address: str, timeout_s: float):
+def _grpc_stream(address: str, timeout_s: float, client_options: dict):
     """A user's requests over gRPC: stream(prompt, params) yields (tokens in the chunk, stats on the last)."""
     from specdec.client import Client
 
-    client = Client(address)
+    client = Client(address, **client_options)
 
     def stream(prompt: str, params: SamplingParams):
         for chunk in client.stream(prompt, params, chat=True, timeout_s=timeout_s):
@@ -80,10 +80,14 @@ def _grpc_stream(address: str, timeout_s: float):
 
 
 def run_level(address: str | None, concurrency: int, num_requests: int, params: SamplingParams,
-              timeout_s: float = 600.0, http_url: str | None = None) -> LevelResult:
+              timeout_s: float = 600.0, http_url: str | None = None, client_options: dict | None = None
+              ) -> LevelResult:
     """Requests go over gRPC to `address`, or with `http_url` over the OpenAI-compatible HTTP API (then
-    `address`, if given, is only asked for the server's batch figures)."""
+    `address`, if given, is only asked for the server's batch figures). client_options: the credentials
+    (specdec.client.client_options), for both."""
     from specdec.loadtest_http import http_stream
+
+    options = client_options or {}
 
     lock = threading.Lock()
     next_index = [0]
@@ -91,7 +95,8 @@ def run_level(address: str | None, concurrency: int, num_requests: int, params: 
     totals = {"tokens": 0, "drafted": 0, "accepted": 0, "forwards": 0}
 
     def user() -> None:
-        session, stream = http_stream(http_url, timeout_s) if http_url else _grpc_stream(address, timeout_s)
+        session, stream = (http_stream(http_url, timeout_s, **options) if http_url
+                           else _grpc_stream(address, timeout_s, options))
         with contextlib.closing(session):
             while True:
                 with lock:
@@ -123,7 +128,7 @@ def run_level(address: str | None, concurrency: int, num_requests: int, params: 
                     totals["accepted"] += stats.num_accepted_tokens
                     totals["forwards"] += stats.num_target_forwards
 
-    counts_before = _batch_counts(address) if address else None
+    counts_before = _batch_counts(address, options) if address else None
     start = time.perf_counter()
     threads = [threading.Thread(target=user, daemon=True) for _ in range(concurrency)]
     for t in threads:
@@ -131,7 +136,7 @@ def run_level(address: str | None, concurrency: int, num_requests: int, params: 
     for t in threads:
         t.join(timeout_s)
     elapsed = time.perf_counter() - start
-    counts_after = _batch_counts(address) if address else None
+    counts_after = _batch_counts(address, options) if address else None
     mean_batch = 0.0
     if counts_before and counts_after and counts_after[1] > counts_before[1]:
         mean_batch = (counts_after[0] - counts_before[0]) / (counts_after[1] - counts_before[1])

@@ -3,7 +3,8 @@
 Standard library only (http.client, one keep-alive connection per simulated user), so the load test
 needs nothing the package does not already install. Each request asks for the token ids of every
 chunk (`return_token_ids`) to count tokens exactly and reads the speculative statistics from the
-chunk that carries `finish_reason`. The API key, if the router needs one, is env SPECDEC_API_KEY.
+chunk that carries `finish_reason`. The API key, if the router needs one, is `api_key` or env
+SPECDEC_API_KEY; an https:// URL is checked against the security section's CA (`security`).
 """
 from __future__ import annotations
 
@@ -20,11 +21,35 @@ STATS_FIELDS = ("num_new_tokens", "num_target_forwards", "num_draft_tokens", "nu
 
 
 def split_url(url: str) -> tuple[str, int]:
-    """http://HOST:PORT (a path such as /v1 may follow) or HOST:PORT -> (host, port)."""
+    """http(s)://HOST:PORT (a path such as /v1 may follow) or HOST:PORT -> (host, port)."""
     parts = urlsplit(url if "://" in url else f"http://{url}")
-    if parts.scheme != "http" or not parts.hostname or not parts.port:
-        raise InvalidArgument(f"--http must be http://HOST:PORT, got {url!r}")
+    if parts.scheme not in ("http", "https") or not parts.hostname or not parts.port:
+        raise InvalidArgument(f"--http must be http://HOST:PORT or https://HOST:PORT, got {url!r}")
     return parts.hostname, parts.port
+
+
+def _connection(url: str, timeout_s: float, security) -> http.client.HTTPConnection:
+    """Plain HTTP, or HTTPS trusting the security section's CA (and expecting its tls_server_name)."""
+    host, port = split_url(url)
+    if not url.startswith("https://"):
+        return http.client.HTTPConnection(host, port, timeout=timeout_s)
+    import ssl
+
+    context = ssl.create_default_context(cafile=getattr(security, "tls_ca_file", None))
+    name = getattr(security, "tls_server_name", None)
+    return _HTTPSNamed(host, port, name or host, timeout=timeout_s, context=context)
+
+
+class _HTTPSNamed(http.client.HTTPSConnection):
+    """HTTPS that checks the server's certificate against `server_name` rather than the host dialled."""
+
+    def __init__(self, host: str, port: int, server_name: str, **kwargs):
+        super().__init__(host, port, **kwargs)
+        self.server_name, self.tls_context = server_name, kwargs["context"]
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)
+        self.sock = self.tls_context.wrap_socket(self.sock, server_hostname=self.server_name)
 
 
 def request_body(prompt: str, params: SamplingParams) -> dict:
@@ -36,13 +61,13 @@ def request_body(prompt: str, params: SamplingParams) -> dict:
     return body
 
 
-def http_stream(url: str, timeout_s: float):
+def http_stream(url: str, timeout_s: float, api_key: str | None = None, security=None):
     """(connection, stream): stream(prompt, params) yields (tokens in the chunk, stats on the last)."""
-    host, port = split_url(url)
-    connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    connection = _connection(url, timeout_s, security)
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-    if os.environ.get("SPECDEC_API_KEY"):
-        headers["Authorization"] = f"Bearer {os.environ['SPECDEC_API_KEY']}"
+    api_key = api_key or os.environ.get("SPECDEC_API_KEY")
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
 
     def stream(prompt: str, params: SamplingParams):
         try:

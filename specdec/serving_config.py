@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.errors import InvalidArgument
+from specdec.security_config import LOOPBACK, SecurityConfig
 
 
 @dataclass(frozen=True)
@@ -51,10 +52,14 @@ class TargetConfig:
     # Trim every batch's drafts to the depth that measured costs and acceptance say pays at this batch
     # size (specdec.policy), and tell drafters how much to draft: speculation never slows a loaded server.
     load_aware: bool = True
-    metrics_port: int = -1  # Prometheus endpoint on 127.0.0.1 (GET /metrics): -1 = none, 0 = any free port
+    metrics_port: int = -1  # Prometheus endpoint on `host` (GET /metrics): -1 = none, 0 = any free port
+    host: str = LOOPBACK  # the address the servers bind (0.0.0.0 = every interface)
+    advertise_host: str | None = None  # the host others dial (the ready line's); None = host (a wildcard: this machine's name)
+    drain_timeout_s: float = 30.0  # on SIGTERM: admit nothing new, let running sequences finish this long, then exit
+    security: SecurityConfig = SecurityConfig()  # who may call (specdec/security_config.py)
 
     def __post_init__(self) -> None:
-        if (self.draft_wait_s < 0 or self.batch_wait_s < 0 or self.max_missed_drafts < 0 or self.max_tree_nodes < 1
+        if (self.draft_wait_s < 0 or self.drain_timeout_s < 0 or self.batch_wait_s < 0 or self.max_missed_drafts < 0 or self.max_tree_nodes < 1
                 or self.max_sequences < 1 or self.max_draft_links < 1 or self.prefill_chunk_tokens < 1
                 or self.max_batch < 1 or self.max_kv_tokens < 0 or self.tp < 1 or self.metrics_port < -1):
             raise InvalidArgument(f"invalid target config {self}")
@@ -76,12 +81,16 @@ class DraftConfig:
     tree_width: int = 1  # branches per level (1 = chain)
     q_top_n: int = 32  # sampling: draw from the top-N renormalised q and send only those N entries
     num_threads: int = 0
-    metrics_port: int = -1  # Prometheus endpoint on 127.0.0.1 (GET /metrics): -1 = none, 0 = any free port
+    metrics_port: int = -1  # Prometheus endpoint on `host` (GET /metrics): -1 = none, 0 = any free port
+    host: str = LOOPBACK
+    advertise_host: str | None = None
+    drain_timeout_s: float = 30.0  # on SIGTERM: attach nothing new, draft for attached sequences this long at most
+    security: SecurityConfig = SecurityConfig()
 
     def __post_init__(self) -> None:
         if self.drafter not in ("ngram", "suffix", "draft"):
             raise InvalidArgument(f"drafter must be ngram, suffix or draft, got {self.drafter!r}")
-        if (self.num_speculative_tokens < 1 or self.tree_width < 1 or self.q_top_n < 0
+        if (self.num_speculative_tokens < 1 or self.drain_timeout_s < 0 or self.tree_width < 1 or self.q_top_n < 0
                 or not 0.0 <= self.pipeline_min_hit <= 1.0 or self.metrics_port < -1):
             raise InvalidArgument(f"invalid draft config {self}")
 
@@ -105,6 +114,9 @@ class RouterConfig:
     # API keys, one per line, that both the HTTP API and the gRPC Generation service then require (also
     # env SPECDEC_API_KEYS, comma-separated); none configured = no check.
     api_keys_file: str | None = None
+    # Admin keys (also env SPECDEC_ADMIN_KEYS): GetServerInfo shows worker addresses, sequence ids and users
+    # only to them (to anyone while no key and no security section is configured). They are API keys too.
+    admin_keys_file: str | None = None
     # Bounds on one request (router.limits): a text prompt's UTF-8 bytes (0 = derived from the model's
     # context and its longest token: never refuses a prompt that fits), stop strings, chat messages.
     max_prompt_bytes: int = 0
@@ -112,15 +124,19 @@ class RouterConfig:
     max_stop_bytes: int = 256
     max_messages: int = 512
     tokenize_threads: int = 2  # long prompts are tokenized on this many threads at once (router.tokenize_pool)
-    metrics_port: int = -1  # Prometheus endpoint on 127.0.0.1 (GET /metrics): -1 = none, 0 = any free port
+    metrics_port: int = -1  # Prometheus endpoint on `host` (GET /metrics): -1 = none, 0 = any free port
     # Worker discovery (router.discovery): a YAML file {targets: [...], drafts: [...]} re-read every
     # discovery_interval_s (the Ray deployment keeps it current), and entries dns:NAME:PORT in targets /
     # drafts, re-resolved as often: workers that appear are used, workers that vanish get no more work.
     workers_file: str | None = None
     discovery_interval_s: float = 2.0
+    host: str = LOOPBACK  # gRPC, HTTP API and metrics bind here
+    advertise_host: str | None = None
+    drain_timeout_s: float = 30.0  # on SIGTERM: take no new request, let running and queued ones finish this long
+    security: SecurityConfig = SecurityConfig()
 
     def __post_init__(self) -> None:
-        if (self.max_active < 1 or self.max_queue < 0 or self.worker_timeout_s <= 0 or self.max_active_per_user < 0
+        if (self.max_active < 1 or self.drain_timeout_s < 0 or self.max_queue < 0 or self.worker_timeout_s <= 0 or self.max_active_per_user < 0
                 or self.max_queued_per_user < 0 or self.http_port < -1 or self.max_prompt_bytes < 0
                 or self.max_stop_strings < 0 or self.max_stop_bytes < 1 or self.max_messages < 1
                 or self.tokenize_threads < 1 or self.metrics_port < -1 or self.discovery_interval_s <= 0):
@@ -138,20 +154,34 @@ class StackConfig:
     # `make deploy`'s section (specdec.deploy.config.DeployConfig): placement, restarts, images; None =
     # its defaults. `specdec serve` ignores it.
     deploy: object = None
+    # The file's top-level `security` section: every component's unless it has its own `security` keys
+    # (which replace those of this section, key by key); also what clients of this stack present.
+    security: SecurityConfig = SecurityConfig()
+
+
+def _is_section(field: dataclasses.Field) -> bool:
+    """A field that is itself a config (`security`): a mapping in YAML, its own flags on the command line."""
+    return dataclasses.is_dataclass(field.default)
 
 
 def build_config(cls, values, where: str):
     """The one way a config is made from outside values (a YAML mapping, parsed flags): every field a
-    file or a flag names reaches the dataclass, unknown names are refused, lists become tuples."""
+    file or a flag names reaches the dataclass, unknown names are refused, lists become tuples,
+    sections (mappings) become their own config."""
     if values is None:
         return cls()
     if not isinstance(values, dict):
         raise InvalidArgument(f"{where} must be a mapping, got {type(values).__name__}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(values) - names
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(values) - set(fields)
     if unknown:
-        raise InvalidArgument(f"{where}: unknown keys {', '.join(sorted(unknown))} (valid: {', '.join(sorted(names))})")
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+        raise InvalidArgument(f"{where}: unknown keys {', '.join(sorted(unknown))} (valid: {', '.join(sorted(fields))})")
+    built = {}
+    for name, value in values.items():
+        if _is_section(fields[name]) and not dataclasses.is_dataclass(value):
+            value = build_config(type(fields[name].default), value, f"{where}.{name}")
+        built[name] = tuple(value) if isinstance(value, list) else value
+    return cls(**built)
 
 
 def with_workers(router: RouterConfig, targets: tuple[str, ...], drafts: tuple[str, ...]) -> RouterConfig:
@@ -159,9 +189,20 @@ def with_workers(router: RouterConfig, targets: tuple[str, ...], drafts: tuple[s
     return dataclasses.replace(router, targets=tuple(targets) + router.targets, drafts=tuple(drafts) + router.drafts)
 
 
-def _many(cls, data, where: str) -> tuple:
+def _many(cls, data, where: str, security: dict) -> tuple:
     items = data if isinstance(data, list) else [data]
-    return tuple(build_config(cls, item, f"{where}[{i}]") for i, item in enumerate(items))
+    return tuple(build_config(cls, _with_security(item, security, f"{where}[{i}]"), f"{where}[{i}]")
+                 for i, item in enumerate(items))
+
+
+def _with_security(item, security: dict, where: str):
+    """A component's mapping with the file's security section under its own `security` keys."""
+    if not security or not isinstance(item, (dict, type(None))):
+        return item
+    own = (item or {}).get("security") or {}
+    if not isinstance(own, dict):
+        raise InvalidArgument(f"{where}.security must be a mapping, got {type(own).__name__}")
+    return {**(item or {}), "security": {**security, **own}}
 
 
 def load_stack_config(path: str | Path) -> StackConfig:
@@ -175,16 +216,21 @@ def load_stack_config(path: str | Path) -> StackConfig:
     if not isinstance(data, dict):
         raise InvalidArgument(f"{path}: a deployment must be a mapping (router, targets, drafts), "
                               f"got {type(data).__name__}")
-    unknown = set(data) - {"router", "targets", "target", "drafts", "draft", "ready_timeout_s", "deploy"}
+    unknown = set(data) - {"router", "targets", "target", "drafts", "draft", "ready_timeout_s", "deploy", "security"}
     if unknown:
         raise InvalidArgument(f"{path}: unknown keys {', '.join(sorted(unknown))}")
-    targets = data.get("targets", data.get("target"))
+    security = data.get("security") or {}
+    if not isinstance(security, dict):
+        raise InvalidArgument(f"{path}: security must be a mapping, got {type(security).__name__}")
+    targets = data.get("targets", data.get("target"))  # absent or null: one with the defaults
     drafts = data.get("drafts", data.get("draft"))
-    return StackConfig(router=build_config(RouterConfig, data.get("router"), "router"),
-                       targets=_many(TargetConfig, targets, "targets") if targets is not None else (TargetConfig(),),
-                       drafts=_many(DraftConfig, drafts, "drafts") if drafts is not None else (DraftConfig(),),
+    return StackConfig(router=build_config(RouterConfig, _with_security(data.get("router"), security, "router"),
+                                           "router"),
+                       targets=_many(TargetConfig, [None] if targets is None else targets, "targets", security),
+                       drafts=_many(DraftConfig, [None] if drafts is None else drafts, "drafts", security),
                        ready_timeout_s=float(data.get("ready_timeout_s", 300.0)),
-                       deploy=_deploy_section(data.get("deploy")))
+                       deploy=_deploy_section(data.get("deploy")),
+                       security=build_config(SecurityConfig, security, "security"))
 
 
 def _deploy_section(values):
@@ -193,22 +239,28 @@ def _deploy_section(values):
     return build_nested(DeployConfig, values, "deploy")
 
 
-def add_config_args(parser: argparse.ArgumentParser, cls) -> None:
-    """One flag per field: --draft-wait-s, --no-pipeline for booleans that default to True."""
+def add_config_args(parser: argparse.ArgumentParser, cls, prefix: str = "") -> None:
+    """One flag per field: --draft-wait-s, --no-pipeline for booleans that default to True; a section's
+    fields get flags of their own names (--tls-cert-file, --insecure), stored as `section.field`."""
     for f in dataclasses.fields(cls):
+        if _is_section(f):
+            add_config_args(parser, type(f.default), prefix=f"{prefix}{f.name}.")
+            continue
         flag = "--" + f.name.replace("_", "-")
+        dest = prefix + f.name
         if f.type in ("bool", bool):
-            parser.add_argument(flag, dest=f.name, action="store_true", default=f.default)
-            parser.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_false")
+            parser.add_argument(flag, dest=dest, action="store_true", default=f.default)
+            parser.add_argument("--no-" + f.name.replace("_", "-"), dest=dest, action="store_false")
         elif f.name in ("targets", "drafts"):
-            parser.add_argument(flag, dest=f.name, action="append", default=[], metavar="HOST:PORT")
+            parser.add_argument(flag, dest=dest, action="append", default=[], metavar="HOST:PORT")
         else:
             kind = {"int": int, "float": float}.get(str(f.type), str)
-            parser.add_argument(flag, dest=f.name, type=kind, default=f.default)
+            parser.add_argument(flag, dest=dest, type=kind, default=f.default)
 
 
-def config_from_args(args: argparse.Namespace, cls):
-    return build_config(cls, {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}, "flags")
+def config_from_args(args: argparse.Namespace, cls, prefix: str = ""):
+    return build_config(cls, {f.name: config_from_args(args, type(f.default), f"{prefix}{f.name}.") if _is_section(f)
+                              else getattr(args, prefix + f.name) for f in dataclasses.fields(cls)}, "flags")
 
 
 def config_to_argv(config) -> list[str]:
@@ -217,7 +269,9 @@ def config_to_argv(config) -> list[str]:
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         name = f.name.replace("_", "-")
-        if isinstance(value, bool):
+        if _is_section(f):
+            argv += config_to_argv(value)
+        elif isinstance(value, bool):
             argv.append(f"--{name}" if value else f"--no-{name}")
         elif isinstance(value, tuple):
             for item in value:

@@ -221,9 +221,9 @@ class Telemetry:
         return span if recorded else None
 
 
-def setup(process: str, metrics_port: int = -1) -> Telemetry:
+def setup(process: str, metrics_port: int = -1, host: str = "127.0.0.1") -> Telemetry:
     """Telemetry of one serving process (router, target or draft), from the OTEL_* variables; the
-    Prometheus endpoint on 127.0.0.1:metrics_port when it is >= 0 (0 = any free port)."""
+    Prometheus endpoint on host:metrics_port when it is >= 0 (0 = any free port)."""
     from specdec.telemetry_export import build_providers
     from specdec.telemetry_metrics import Metrics
 
@@ -232,6 +232,6 @@ def setup(process: str, metrics_port: int = -1) -> Telemetry:
     metrics = Metrics(prometheus=metrics_port >= 0, meter=meter_provider.get_meter("specdec")
                       if meter_provider is not None else None)
     if metrics_port >= 0:
-        metrics.serve(metrics_port)
+        metrics.serve(metrics_port, host)
         shutdowns = (*shutdowns, metrics.stop)
     return Telemetry(tracer_provider, steps, metrics, shutdowns)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 from specdec.errors import ResourceExhausted
+from specdec.keys import key_matches
 from specdec.rpc.v1 import target_pb2
 from target_service.seq_state import DrafterLink, judge_draft, refusal
 
@@ -39,12 +40,18 @@ class DraftIntake:
         link.outbox.put(None)
 
     def offer_draft(self, link: DrafterLink, msg: target_pb2.DraftMessage) -> None:
-        """Queue a draft for verification, or answer the link with a Refusal."""
+        """Queue a draft for verification, or answer the link with a Refusal. Only a draft with the
+        sequence's draft key makes this link one of its drafters (which receive its commits); any other
+        is refused without a word about the sequence's state."""
         with self.cond:
             state = self.seqs.get(msg.sequence_id)
             if state is None:
                 return link.send(refusal(msg.sequence_id, Refusal.UNKNOWN_SEQUENCE,
                                          f"no sequence {msg.sequence_id!r} here (finished or released)"))
+            if not key_matches(state.draft_key, msg.draft_key):  # before anything is disclosed or changed
+                return link.send(refusal(msg.sequence_id, Refusal.NOT_ATTACHED,
+                                         f"sequence {msg.sequence_id!r} takes drafts only from the draft worker "
+                                         f"attached to it (this draft lacks its draft_key)"))
             state.drafters.add(link)
             state.missed = 0  # even a stale draft shows a live drafter: give it the next wait again
             version, context = state.version, state.seq.context[:state.context_len]

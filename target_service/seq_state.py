@@ -47,6 +47,8 @@ class SeqState:
     admitted_at: float = field(default_factory=time.monotonic)  # prefill order: first come, first prefilled
     trace_parent: object | None = None  # the Admit call's trace context: parent of its step spans
     draft_trace: dict | None = None  # trace context of the draft span behind `pending`
+    owner_key: str = ""  # Release must present it (specdec.keys); "" = anyone
+    draft_key: str = ""  # every draft must carry it: only the attached draft worker drafts; "" = anyone
 
 
 def judge_draft(msg: target_pb2.DraftMessage, version: int, context_len: int, vocab_size: int,

@@ -9,7 +9,7 @@ import threading
 import grpc
 
 from specdec.rpc.convert import params_from_pb
-from specdec.rpc.server import run_until_signalled, start_server
+from specdec.rpc.server import Drain, run_until_signalled, start_server
 from specdec.rpc.v1 import common_pb2, target_pb2_grpc
 from specdec.serving_config import TargetConfig, add_config_args, config_from_args
 from specdec.telemetry import setup as setup_telemetry
@@ -18,14 +18,17 @@ from target_service.worker import TargetWorker
 POLL_S = 0.5  # how often a blocked stream checks that its call is still alive
 # Threads for short calls (Release, GetWorkerInfo, health, refusals) beyond the long-lived streams.
 SHORT_CALL_THREADS = 16
+# Routers' health Watch streams (router/health_watch.py), one per router, each holding a thread.
+WATCH_THREADS = 8
 
 
 def rpc_threads(config: TargetConfig) -> int:
     """gRPC threads, and the most calls in progress at once. Every long-lived stream is bounded (one
-    Admit per admitted sequence, one Verify per draft link), and these bounds leave SHORT_CALL_THREADS
-    free: no caller holding streams, however many it opens, can take the thread a router's call needs.
-    Beyond the total a call is refused at once (RESOURCE_EXHAUSTED) rather than left waiting."""
-    return config.max_sequences + config.max_draft_links + SHORT_CALL_THREADS
+    Admit per admitted sequence, one Verify per draft link, a health Watch per router), and these
+    bounds leave SHORT_CALL_THREADS free: no caller holding streams, however many it opens, can take the
+    thread a router's call needs. Beyond the total a call is refused at once (RESOURCE_EXHAUSTED)
+    rather than left waiting."""
+    return config.max_sequences + config.max_draft_links + WATCH_THREADS + SHORT_CALL_THREADS
 
 
 class TargetServicer(target_pb2_grpc.TargetWorkerServicer):
@@ -34,12 +37,13 @@ class TargetServicer(target_pb2_grpc.TargetWorkerServicer):
 
     def Admit(self, request, context):
         params = params_from_pb(request.params)
-        state = self.worker.admit(request.sequence_id, list(request.prompt_ids), params, request.expect_drafts)
+        state = self.worker.admit(request.sequence_id, list(request.prompt_ids), params, request.expect_drafts,
+                                  request.owner_key, request.draft_key)
         context.add_callback(lambda: self.worker.release(request.sequence_id))  # cancel, deadline or end
         yield from _drain(state.outbox, context)  # first the version-0 message, once prefilled
 
     def Release(self, request, context):
-        return common_pb2.ReleaseResponse(released=self.worker.release(request.sequence_id))
+        return common_pb2.ReleaseResponse(released=self.worker.release(request.sequence_id, request.owner_key))
 
     def Verify(self, request_iterator, context):
         link = self.worker.open_link()
@@ -117,15 +121,18 @@ def serve(config: TargetConfig) -> int:
         return tp.follow(Engine(loaded, None, engine_config))
     engine = Engine(loaded, build_drafter(config.drafter, loaded, config.draft, {}, dtype), engine_config)
     mirror = tp.Mirror(active=config.tp > 1)
-    telemetry = setup_telemetry("target", config.metrics_port)
+    telemetry = setup_telemetry("target", config.metrics_port, config.host)
     worker = TargetWorker(engine, config, mirror, telemetry=telemetry)
     mirror.start(worker.model_lock)
     running = start_server(lambda s: target_pb2_grpc.add_TargetWorkerServicer_to_server(TargetServicer(worker), s),
-                           ["specdec.v1.TargetWorker"], config.port, max_workers=rpc_threads(config),
-                           max_concurrent_rpcs=rpc_threads(config),
-                           interceptors=telemetry.server_interceptors())
+                           ["specdec.v1.TargetWorker"], config.port, host=config.host,
+                           max_workers=rpc_threads(config), max_concurrent_rpcs=rpc_threads(config),
+                           interceptors=telemetry.server_interceptors(), security=config.security,
+                           advertise_host=config.advertise_host, kind="target")
     worker.on_broken = lambda: running.set_serving(False)
-    return run_until_signalled(running, "target", on_stop=lambda: (worker.stop(), mirror.stop()), telemetry=telemetry)
+    drain = Drain(worker.begin_drain, worker.num_running, config.drain_timeout_s)
+    return run_until_signalled(running, "target", on_stop=lambda: (worker.stop(), mirror.stop()), telemetry=telemetry,
+                               drain_plan=drain)
 
 
 def main(argv: list[str] | None = None) -> int:

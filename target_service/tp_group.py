@@ -75,7 +75,7 @@ def launch(config: TargetConfig) -> int:
             pass
         if ranks[0].poll() is None:
             ranks[0].terminate()
-        deadline = time.monotonic() + GRACE_S
+        deadline = time.monotonic() + config.drain_timeout_s + GRACE_S  # rank 0 drains first
         for p in ranks:
             try:
                 p.wait(max(0.1, deadline - time.monotonic()))

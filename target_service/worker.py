@@ -22,7 +22,8 @@ from specdec.batch_cache import BatchCache
 from specdec.core.tree import DraftTree
 from specdec.core.types import SamplingParams
 from specdec.engine import Engine
-from specdec.errors import Internal, InvalidArgument, Unavailable
+from specdec.errors import Internal, InvalidArgument, PermissionDenied, Unavailable
+from specdec.keys import key_matches
 from specdec.policy import NO_CAP, is_sampled
 from specdec.rpc.v1 import target_pb2
 from specdec.serving_config import TargetConfig
@@ -66,11 +67,14 @@ class TargetWorker(DraftIntake):
         self.kv = KvRoom(config.max_kv_tokens or config.max_sequences * engine.max_len, config.max_sequences)
         self.instruments = TargetInstruments(self.telemetry.metrics, self.kv_figures)
         self.stopped = False
+        self.draining = False  # SIGTERM: no new sequences, the running ones finish
         self.thread = threading.Thread(target=self._loop, name="target-decode", daemon=True)
         self.thread.start()
 
     # -- calls from the servicer ------------------------------------------------------------
-    def admit(self, seq_id: str, prompt_ids: list[int], params: SamplingParams, expect_drafts: bool) -> SeqState:
+    def admit(self, seq_id: str, prompt_ids: list[int], params: SamplingParams, expect_drafts: bool,
+              owner_key: str = "", draft_key: str = "") -> SeqState:
+        """owner_key: what Release must present; draft_key: what every draft must carry (specdec.keys)."""
         prompt_ids = self.engine.encode(prompt_ids)  # validates ids against the vocabulary
         if len(prompt_ids) + params.max_new_tokens > self.engine.max_len:
             raise InvalidArgument(f"prompt ({len(prompt_ids)} tokens) plus max_new_tokens ({params.max_new_tokens}) "
@@ -79,6 +83,8 @@ class TargetWorker(DraftIntake):
         with self.cond:
             if self.broken is not None:
                 raise Unavailable(f"target worker cannot decode: {self.broken}")
+            if self.draining:
+                raise Unavailable("target worker is draining (shutting down): admit the sequence elsewhere")
             if seq_id in self.seqs:
                 raise InvalidArgument(f"sequence {seq_id!r} is already admitted")
             self.kv.check_room(self.seqs, kv_tokens)
@@ -86,7 +92,7 @@ class TargetWorker(DraftIntake):
             seq, session = self.mirror.admit(self.engine, prompt_ids, params)
         state = SeqState(seq, expect_drafts and session is None, session=session,
                          version=seq.version, context_len=len(seq.context), kv_tokens=kv_tokens,
-                         trace_parent=self.telemetry.current_context())
+                         trace_parent=self.telemetry.current_context(), owner_key=owner_key, draft_key=draft_key)
         with self.cond:  # again: a concurrent admission may have taken the room or the id
             if seq_id in self.seqs:
                 raise InvalidArgument(f"sequence {seq_id!r} is already admitted")
@@ -95,15 +101,30 @@ class TargetWorker(DraftIntake):
             self.cond.notify_all()  # the decode loop prefills it
         return state
 
-    def release(self, seq_id: str) -> bool:
+    def release(self, seq_id: str, owner_key: str | None = None) -> bool:
+        """Drop the sequence; a caller's Release passes `owner_key`, which must be the sequence's
+        (PERMISSION_DENIED otherwise). None: the worker itself (its Admit call ended)."""
         with self.cond:
-            state = self.seqs.pop(seq_id, None)
+            state = self.seqs.get(seq_id)
             if state is None:
                 return False
+            if owner_key is not None and not key_matches(state.owner_key, owner_key):
+                raise PermissionDenied(f"sequence {seq_id!r} belongs to another client: only the caller that "
+                                       f"admitted it may release it")
+            del self.seqs[seq_id]
             self.policy.remove(seq_id)
             self.num_served += 1
         state.outbox.put(None)
         return True
+
+    def begin_drain(self) -> None:
+        """Admit nothing new (UNAVAILABLE); the sequences held decode on to their end."""
+        with self.cond:
+            self.draining = True
+
+    def num_running(self) -> int:
+        with self.cond:
+            return len(self.seqs)
 
     def info(self) -> tuple[list[str], int]:
         with self.cond:

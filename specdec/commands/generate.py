@@ -41,6 +41,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--server", default=None, metavar="HOST:PORT",
                    help="call a running router (`specdec serve`) instead of loading models here; the model "
                         "and drafter flags are then the server's business")
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="with --server: present what this deployment file provides (its security section's CA and "
+                        "certificate, an API key from env SPECDEC_API_KEY or the router's key files)")
     p.add_argument("--timeout-s", type=float, default=None, help="deadline of the call (with --server)")
     p.add_argument("--user", default="", help="who asks, for the server's fair queueing (with --server; "
                                               "default: this connection)")
@@ -56,9 +59,11 @@ def drafter_options(args: argparse.Namespace) -> dict:
 def run(args: argparse.Namespace) -> int:
     params = sampling_params(args)  # validate before loading anything
     if args.server is not None:
-        from specdec.client import Client
+        from specdec.client import Client, client_options
+        from specdec.serving_config import load_stack_config
 
-        with Client(args.server) as client:
+        options = client_options(load_stack_config(args.config)) if args.config else {}
+        with Client(args.server, **options) as client:
             return _print(args, lambda: client.stream(args.prompt, params, chat=args.chat, timeout_s=args.timeout_s,
                                                       user=args.user))
     if args.tp > 1 and "WORLD_SIZE" not in os.environ:  # the launcher: re-run this command as N ranks

@@ -16,6 +16,9 @@ def add_parser(subparsers) -> None:
                    help="send the requests to the OpenAI-compatible HTTP API instead of gRPC: at URL "
                         "(http://HOST:PORT; --server, if given, still reports the server's batch figures) "
                         "or, without URL, the local stack's")
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="with --server / --http URL: present what this deployment file provides (its security "
+                        "section's CA, an API key from env SPECDEC_API_KEY or the router's key files)")
     p.add_argument("--concurrency", default="1,2,4,8,16", help="comma-separated levels")
     p.add_argument("--requests", type=int, default=16, help="requests per level")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -47,6 +50,12 @@ def run(args: argparse.Namespace) -> int:
         from specdec.loadtest_http import split_url
 
         split_url(args.http)  # a malformed URL fails here, not once per request
+    options = {}
+    if args.config:
+        from specdec.client import client_options
+        from specdec.serving_config import load_stack_config
+
+        options = client_options(load_stack_config(args.config))
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     configs = [("speculative", False), ("no speculation", True)] if args.compare else [
         ("no speculation" if args.no_spec else args.drafter, args.no_spec)]
@@ -54,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
     for label, no_spec in configs:
         label += " over HTTP" if args.http is not None else ""
         with _stack(args, no_spec) as (address, http_url):
-            runs[label] = [run_level(address, c, args.requests, params, http_url=http_url) for c in levels]
+            runs[label] = [run_level(address, c, args.requests, params, http_url=http_url, client_options=options)
+                           for c in levels]
             for result in runs[label]:
                 print(f"[{label}] concurrency {result.concurrency}: {result.output_tokens_per_s:.1f} tok/s, "
                       f"ttft p50 {result.ttft_p50_s:.2f}s p99 {result.ttft_p99_s:.2f}s, tpot p50 "
@@ -83,7 +93,8 @@ class _stack:
         from specdec.serving_config import StackConfig, TargetConfig
 
         ns = argparse.Namespace(config=None, target=self.args.target, drafter=self.args.drafter, draft=None,
-                                dtype="auto", port=0, http_port=0, api_keys_file=None, no_pipeline=False)
+                                dtype="auto", port=0, http_port=0, api_keys_file=None, no_pipeline=False,
+                                metrics_port=-1, host=None, insecure=False)
         config = stack_config(ns)
         if self.no_spec:  # the same target worker, with no drafter anywhere
             config = StackConfig(router=config.router, targets=(TargetConfig(model=self.args.target),), drafts=())

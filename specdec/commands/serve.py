@@ -3,6 +3,7 @@ processes on 127.0.0.1), a YAML deployment (`--config FILE`), or one piece (`ser
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import signal
 import sys
@@ -29,6 +30,12 @@ def add_parser(subparsers) -> None:
                    help="router's OpenAI-compatible HTTP API port (0 = any free port, -1 = none)")
     p.add_argument("--api-keys-file", default=None,
                    help="API keys, one per line, required by both APIs (also env SPECDEC_API_KEYS)")
+    p.add_argument("--host", default=None,
+                   help="address every server binds (default 127.0.0.1; 0.0.0.0 = every interface); with --config, "
+                        "replaces each component's host")
+    p.add_argument("--insecure", action="store_true",
+                   help="ignore the config's security section: plaintext, every peer trusted (said at start when "
+                        "binding beyond loopback)")
     p.add_argument("--no-pipeline", action="store_true", help="draft worker waits for each verify result")
     p.add_argument("--metrics-port", type=int, default=-1,
                    help="router's Prometheus endpoint (GET /metrics) on this port, each worker's on a free port, "
@@ -45,6 +52,24 @@ def add_parser(subparsers) -> None:
 
 
 def stack_config(args: argparse.Namespace) -> StackConfig:
+    return _with_host_and_security(_stack_config(args), args.host, args.insecure)
+
+
+def _with_host_and_security(config: StackConfig, host: str | None, insecure: bool) -> StackConfig:
+    """--host and --insecure applied to every component (and to what the stack's own clients present)."""
+    def fix(component):
+        changes = {"host": host} if host is not None else {}
+        if insecure:
+            changes["security"] = dataclasses.replace(component.security, insecure=True)
+        return dataclasses.replace(component, **changes)
+
+    return dataclasses.replace(config, router=fix(config.router), targets=tuple(map(fix, config.targets)),
+                               drafts=tuple(map(fix, config.drafts)),
+                               security=dataclasses.replace(config.security, insecure=True) if insecure
+                               else config.security)
+
+
+def _stack_config(args: argparse.Namespace) -> StackConfig:
     if args.config is not None:
         return load_stack_config(args.config)
     router = RouterConfig(port=args.port, http_port=args.http_port, api_keys_file=args.api_keys_file,
@@ -77,7 +102,7 @@ def run_stack(args: argparse.Namespace) -> int:
         if args.demo:  # the same request plainly and speculatively, side by side (specdec/demo.py)
             from specdec.demo import served
 
-            served(stack, demo_drafter(config))
+            served(stack, demo_drafter(config), config)
             print(f"\nThe stack keeps serving on {stack.address}; try `specdec generate --server {stack.address} "
                   f"...`", flush=True)
             if stack.http_address:

@@ -42,11 +42,15 @@ def drain_s(stack: StackConfig) -> int:
     return int(max(float(getattr(c, "drain_timeout_s", None) or 30.0) for c in configs))
 
 
-def _probes(port: int, startup_timeout_s: int, loads_model: bool) -> dict:
+def _probes(port: int, startup_timeout_s: int, loads_model: bool, tls: bool = False) -> dict:
     """gRPC health checks (grpc.health.v1, served by every specdec server): ready = serving; the
     startup probe gives model loading its time before liveness counts. A worker whose server Ray is
-    restarting loads its model again: liveness gives it as long before the pod is given up."""
+    restarting loads its model again: liveness gives it as long before the pod is given up. With TLS
+    the kubelet's plaintext gRPC probe cannot connect: an exec probe presents the config's credentials."""
     def check(**timing) -> dict:
+        if tls:
+            return {"exec": {"command": ["python", "-m", "specdec.rpc.health_probe", f"127.0.0.1:{port}",
+                                         "--config", CONFIG_FILE]}, **timing}
         return {"grpc": {"port": port}, **timing}
 
     loading = math.ceil(startup_timeout_s / PROBE_PERIOD_S)
@@ -79,7 +83,8 @@ def _pod(stack: StackConfig, role: str, group: PodGroup, args: str, ports: list[
                  "ports": ports, "resources": _resources(group, gpus, k8s.gpu_resource),
                  "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
                  "envFrom": [{"secretRef": {"name": f"{config.name}-env", "optional": True}}],
-                 "volumeMounts": mounts, **_probes(probe_port, k8s.startup_timeout_s, role != "router")}
+                 "volumeMounts": mounts, **_probes(probe_port, k8s.startup_timeout_s, role != "router",
+                                                   tls=stack.security.tls)}
     spec = {"containers": [container], "volumes": volumes,
             "terminationGracePeriodSeconds": drain_s(stack) + DRAIN_MARGIN_S}
     if group.node_selector:

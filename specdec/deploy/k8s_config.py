@@ -3,11 +3,12 @@
 - Fixed ports (deploy.k8s.*_port): port 0 cannot be probed or put behind a Service.
 - Servers bind every interface where the config has a `host` key (the kubelet's probes and the other
   pods must reach them); each advertises its pod's address (specdec.deploy.actors.placed_on_node).
-- Files with secrets (the router's `api_keys_file`, and in a `security` section every `*_file` /
-  `*_path` key: certificates, keys, CAs, tokens) travel as a Secret mounted at SECRETS_DIR, and the
-  config names them there. Keys `*_env` (names of environment variables holding a secret) and
-  SPECDEC_API_KEYS come into every container from a second Secret, filled from the environment of the
-  machine that renders (never written into the repository: `secret.yaml` is git-ignored).
+- Files with secrets (the router's `api_keys_file` / `admin_keys_file`, and every `*_file` of a
+  `security` section: certificates, keys, CAs, the internal token) travel as a Secret mounted at
+  SECRETS_DIR, and the config names them there. The secrets servers read from the environment
+  (SPECDEC_API_KEYS, SPECDEC_ADMIN_KEYS, SPECDEC_INTERNAL_TOKEN) come into every container from a second
+  Secret, filled from the environment of the machine that renders (never written into the repository:
+  the rendered Secret files are git-ignored).
 """
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ import dataclasses
 from pathlib import Path
 
 from specdec.deploy.config import DeployConfig
+from specdec.security_config import ADMIN_KEYS_ENV, API_KEYS_ENV, TOKEN_ENV, SecurityConfig
 from specdec.serving_config import StackConfig
 
 CONFIG_DIR = "/etc/specdec"
 SECRETS_DIR = "/etc/specdec/secrets"
 CONFIG_FILE = f"{CONFIG_DIR}/config.yaml"
-ENV_SECRETS = ("SPECDEC_API_KEYS",)  # read by the router when set
+ENV_SECRETS = (API_KEYS_ENV, ADMIN_KEYS_ENV, TOKEN_ENV)  # read by the servers when set
 
 
 def _has(config, name: str) -> bool:
@@ -39,44 +41,61 @@ def binds_beyond_loopback(stack: StackConfig) -> bool:
     return _has(stack.router, "host")
 
 
+def _sections(stack: StackConfig):
+    """(name, config) of every config that may name a secret file, the file's own section first."""
+    yield "security", stack.security
+    for name, config in (("router", stack.router), *((f"targets-{i}", t) for i, t in enumerate(stack.targets)),
+                         *((f"drafts-{i}", d) for i, d in enumerate(stack.drafts))):
+        yield name, config
+        if isinstance(getattr(config, "security", None), SecurityConfig):
+            yield f"{name}-security", config.security
+
+
+def _secret_fields(config) -> dict[str, str]:
+    """{field: local path} of a config's secret files (a SecurityConfig's files, the router's key files)."""
+    names = (tuple(f.name for f in dataclasses.fields(config) if f.name.endswith("_file"))
+             if isinstance(config, SecurityConfig) else ("api_keys_file", "admin_keys_file"))
+    return {name: getattr(config, name) for name in names if _has(config, name) and getattr(config, name)}
+
+
 def secret_files(stack: StackConfig) -> dict[str, str]:
-    """{secret key: local path} of every file holding a secret that the config names."""
-    files = {}
-    if stack.router.api_keys_file:
-        files["router-api-keys"] = stack.router.api_keys_file
-    security = getattr(stack, "security", None)
-    if security is not None and dataclasses.is_dataclass(security):
-        for f in dataclasses.fields(security):
-            value = getattr(security, f.name)
-            if isinstance(value, str) and value and f.name.endswith(("_file", "_path")):
-                files[f"security-{f.name.replace('_', '-')}"] = value
-    return files
+    """{secret key: local path} of every file holding a secret that the config names, each path once
+    (a file the `security` section names keeps its key there, whichever component repeats it)."""
+    key_of: dict[str, str] = {}
+    for section_name, config in _sections(stack):
+        for name, path in _secret_fields(config).items():
+            key_of.setdefault(path, f"{section_name}-{name.replace('_', '-')}")
+    return {key: path for path, key in key_of.items()}
 
 
 def secret_env_names(stack: StackConfig) -> list[str]:
-    names = list(ENV_SECRETS)
-    security = getattr(stack, "security", None)
-    if security is not None and dataclasses.is_dataclass(security):
-        names += [getattr(security, f.name) for f in dataclasses.fields(security)
-                  if f.name.endswith("_env") and isinstance(getattr(security, f.name), str) and getattr(security, f.name)]
-    return list(dict.fromkeys(names))
+    return list(ENV_SECRETS)
+
+
+def _mounted(config, where_of_path: dict[str, str]):
+    """config with each secret file named at its mounted path (and its own security section likewise)."""
+    changes = {name: f"{SECRETS_DIR}/{where_of_path[path]}" for name, path in _secret_fields(config).items()}
+    if isinstance(getattr(config, "security", None), SecurityConfig):
+        changes["security"] = _mounted(config.security, where_of_path)
+    return dataclasses.replace(config, **changes) if changes else config
 
 
 def in_cluster(stack: StackConfig) -> StackConfig:
     """`stack` as the pods run it: fixed ports, every interface, secrets at their mounted paths."""
     k8s = (stack.deploy or DeployConfig()).k8s
-    router = dataclasses.replace(_bind_all(stack.router, k8s.router_port), http_port=k8s.http_port)
-    if router.api_keys_file:
-        router = dataclasses.replace(router, api_keys_file=f"{SECRETS_DIR}/router-api-keys")
-    changes = {"router": router,
-               "targets": tuple(_bind_all(t, k8s.target_port) for t in stack.targets),
-               "drafts": tuple(_bind_all(d, k8s.draft_port) for d in stack.drafts)}
-    security = getattr(stack, "security", None)
-    if security is not None and dataclasses.is_dataclass(security):
-        mounted = {f.name: f"{SECRETS_DIR}/security-{f.name.replace('_', '-')}" for f in dataclasses.fields(security)
-                   if f.name.endswith(("_file", "_path")) and getattr(security, f.name)}
-        changes["security"] = dataclasses.replace(security, **mounted)
-    return dataclasses.replace(stack, **changes)
+    key_of = {path: key for key, path in secret_files(stack).items()}
+    security = _mounted(stack.security, key_of)
+
+    def placed(config, port):
+        config = _mounted(_bind_all(config, port), key_of)
+        if getattr(config, "security", None) == security:  # the file's section again: written once, at the top
+            config = dataclasses.replace(config, security=SecurityConfig())
+        return config
+
+    router = dataclasses.replace(placed(stack.router, k8s.router_port), http_port=k8s.http_port)
+    return dataclasses.replace(stack, router=router, security=security,
+                               targets=tuple(placed(t, k8s.target_port) for t in stack.targets),
+                               drafts=tuple(placed(d, k8s.draft_port) for d in stack.drafts))
 
 
 def to_mapping(value):

@@ -19,6 +19,7 @@ CODES = (  # most specific first: DeadlineExceeded is also a TimeoutError, Model
     (errors.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.ModelNotFound, grpc.StatusCode.NOT_FOUND),
     (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (errors.PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
     (errors.ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
     (errors.DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),

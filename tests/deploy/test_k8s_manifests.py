@@ -99,21 +99,6 @@ def load_stack_config_text(data: dict) -> StackConfig:
         return load_stack_config(f.name)
 
 
-@dataclasses.dataclass(frozen=True)
-class Security:
-    """The shape a security section takes (issue 14's security work): paths and variable names."""
-
-    cert_file: str = ""
-    key_file: str = ""
-    ca_file: str = ""
-    token_env: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
-class SecuredStack(StackConfig):
-    security: Security | None = None
-
-
 def self_signed(tmp_path: Path) -> tuple[Path, Path]:
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -136,24 +121,33 @@ def test_certificates_keys_and_tokens_travel_as_secrets_and_the_pods_config_name
     cert, key = self_signed(tmp_path)
     keys = tmp_path / "api_keys"
     keys.write_text("k1\n")
-    base = load_stack_config(ROOT / CONFIGS[0])
-    stack = SecuredStack(**{f.name: getattr(base, f.name) for f in dataclasses.fields(StackConfig)},
-                         security=Security(cert_file=str(cert), key_file=str(key), ca_file=str(cert),
-                                           token_env="SPECDEC_TOKEN"))
-    stack = dataclasses.replace(stack, router=dataclasses.replace(stack.router, api_keys_file=str(keys)))
-    objects = render(stack, "test", env={"SPECDEC_TOKEN": "t0ken", "SPECDEC_API_KEYS": "a,b", "OTHER": "x"})
+    token = tmp_path / "token"
+    token.write_text("t0ken\n")
+    config = yaml.safe_load((ROOT / CONFIGS[0]).read_text())
+    config["security"] = {"tls_cert_file": str(cert), "tls_key_file": str(key), "tls_ca_file": str(cert),
+                          "token_file": str(token)}
+    config.setdefault("router", {})["api_keys_file"] = str(keys)
+    (tmp_path / "secure.yaml").write_text(yaml.safe_dump(config))
+    stack = load_stack_config(tmp_path / "secure.yaml")  # every component gets the section's files
+    objects = render(stack, "test", env={"SPECDEC_ADMIN_KEYS": "adm", "SPECDEC_API_KEYS": "a,b", "OTHER": "x"})
     validate_all(objects)
     secrets = {o["metadata"]["name"]: o["data"] for o in objects if o["kind"] == "Secret"}
     files, env = secrets["specdec-files"], secrets["specdec-env"]
-    assert base64.b64decode(files["security-key-file"]) == key.read_bytes()
-    assert base64.b64decode(files["security-cert-file"]) == cert.read_bytes()
-    assert base64.b64decode(files["router-api-keys"]) == b"k1\n"
-    assert {k: base64.b64decode(v).decode() for k, v in env.items()} == {"SPECDEC_TOKEN": "t0ken", "SPECDEC_API_KEYS": "a,b"}
+    assert base64.b64decode(files["security-tls-key-file"]) == key.read_bytes()
+    assert base64.b64decode(files["security-tls-cert-file"]) == cert.read_bytes()
+    assert base64.b64decode(files["security-token-file"]) == b"t0ken\n"
+    assert "security-tls-ca-file" not in files  # the same file as the certificate: one copy
+    assert base64.b64decode(files["router-api-keys-file"]) == b"k1\n"
+    assert {k: base64.b64decode(v).decode() for k, v in env.items()} == {"SPECDEC_ADMIN_KEYS": "adm", "SPECDEC_API_KEYS": "a,b"}
     pod_config = yaml.safe_load(objects_of(objects)["ConfigMap"]["data"]["config.yaml"])
-    assert pod_config["security"]["key_file"] == f"{SECRETS_DIR}/security-key-file"
-    assert pod_config["router"]["api_keys_file"] == f"{SECRETS_DIR}/router-api-keys"
+    assert pod_config["security"]["tls_key_file"] == f"{SECRETS_DIR}/security-tls-key-file"
+    assert pod_config["security"]["tls_ca_file"] == f"{SECRETS_DIR}/security-tls-cert-file"
+    assert "security" not in pod_config["router"]  # the file's section, written once at the top
+    assert pod_config["router"]["api_keys_file"] == f"{SECRETS_DIR}/router-api-keys-file"
     [head] = objects_of(objects)["RayCluster"]["spec"]["headGroupSpec"]["template"]["spec"]["containers"]
     assert {"name": "secrets", "mountPath": SECRETS_DIR, "readOnly": True} in head["volumeMounts"]
+    # TLS: the kubelet's plaintext gRPC probe cannot connect; the probe presents the config's credentials
+    assert head["readinessProbe"]["exec"]["command"][:3] == ["python", "-m", "specdec.rpc.health_probe"]
     assert str(tmp_path) not in yaml.safe_dump(objects)  # no local path leaks into the manifests
     assert "20-secret-specdec-files.yaml" in {k8s_files.file_name(o) for o in objects}  # git-ignored name
 

@@ -63,4 +63,4 @@ def test_bad_http_url_exits_2():
     result = loadtest("--http", "ftp://127.0.0.1:1")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "specdec: error: --http must be http://HOST:PORT, got 'ftp://127.0.0.1:1'"]
+        "specdec: error: --http must be http://HOST:PORT or https://HOST:PORT, got 'ftp://127.0.0.1:1'"]

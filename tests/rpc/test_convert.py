@@ -16,6 +16,7 @@ from specdec.rpc.convert import (params_from_pb, params_to_pb, prompt_from_pb, p
 from specdec.rpc.status import status_of, to_exception
 from specdec.rpc.trees import tree_from_pb, tree_to_pb
 from specdec.rpc.v1 import common_pb2, generation_pb2
+from specdec.security_config import SecurityConfig
 from specdec.serving_config import (DraftConfig, RouterConfig, TargetConfig, add_config_args, config_from_args,
                                     config_to_argv, load_stack_config, with_workers)
 
@@ -146,7 +147,9 @@ def test_every_router_field_of_a_yaml_file_reaches_the_spawned_router(tmp_path):
                     "max_active: 3, max_queue: 5, worker_timeout_s: 7.5, max_active_per_user: 2, "
                     "max_queued_per_user: 1, http_port: 8001, api_keys_file: /keys, max_prompt_bytes: 1000, "
                     "max_stop_strings: 3, max_stop_bytes: 10, max_messages: 7, tokenize_threads: 3, "
-                    "metrics_port: 9100, workers_file: /workers.yaml, discovery_interval_s: 0.5}\n")
+                    "metrics_port: 9100, workers_file: /workers.yaml, discovery_interval_s: 0.5, "
+                    "admin_keys_file: /admin, host: 0.0.0.0, advertise_host: router.internal, "
+                    "drain_timeout_s: 5, security: {tls_cert_file: /c, tls_key_file: /k}}\n")
     loaded = load_stack_config(path).router
     assert all(getattr(loaded, f.name) != f.default for f in dataclasses.fields(RouterConfig))  # every field set
     spawned = with_workers(loaded, ("127.0.0.1:1",), ("127.0.0.1:2",))
@@ -155,6 +158,34 @@ def test_every_router_field_of_a_yaml_file_reaches_the_spawned_router(tmp_path):
     parsed = config_from_args(parser.parse_args(config_to_argv(spawned)), RouterConfig)
     assert parsed == dataclasses.replace(loaded, targets=("127.0.0.1:1", "127.0.0.1:8"),
                                          drafts=("127.0.0.1:2", "127.0.0.1:9"))
+
+
+def test_the_security_section_reaches_every_component_and_its_flags(tmp_path):
+    """The file's section is every component's; a component's own keys replace it key by key; flags carry it."""
+    path = tmp_path / "stack.yaml"
+    path.write_text("security: {tls_cert_file: /c, tls_key_file: /k, tls_ca_file: /ca, token_file: /t}\n"
+                    "router: {host: 0.0.0.0}\n"
+                    "targets: [{model: /t, security: {tls_cert_file: /t.crt, tls_key_file: /t.key}}]\n")
+    config = load_stack_config(path)
+    shared = SecurityConfig(tls_cert_file="/c", tls_key_file="/k", tls_ca_file="/ca", token_file="/t")
+    assert config.security == shared and config.router.security == shared and config.drafts[0].security == shared
+    assert config.targets[0].security == SecurityConfig(tls_cert_file="/t.crt", tls_key_file="/t.key",
+                                                        tls_ca_file="/ca", token_file="/t")
+    assert config.router.host == "0.0.0.0" and config.targets[0].host == "127.0.0.1"
+    for component in (config.router, config.targets[0], config.drafts[0]):
+        parser = argparse.ArgumentParser()
+        add_config_args(parser, type(component))
+        assert config_from_args(parser.parse_args(config_to_argv(component)), type(component)) == component
+    parser = argparse.ArgumentParser()
+    add_config_args(parser, TargetConfig)
+    assert config_from_args(parser.parse_args(["--insecure", "--host", "::"]), TargetConfig) == TargetConfig(
+        host="::", security=SecurityConfig(insecure=True))
+    path.write_text("security: {tls_cert_file: /c}\n")
+    with pytest.raises(errors.InvalidArgument, match="tls_cert_file and tls_key_file go together"):
+        load_stack_config(path)
+    path.write_text("security: {colour: blue}\n")
+    with pytest.raises(errors.InvalidArgument, match="colour"):
+        load_stack_config(path)
 
 
 def test_a_deployment_that_is_not_a_mapping_is_refused(tmp_path):
@@ -169,6 +200,9 @@ def test_example_deployment_loads():
 
     config = load_stack_config(Path(__file__).resolve().parents[2] / "deploy" / "configs" / "local.yaml")
     assert config.drafts[0].drafter == "ngram" and config.targets[0].model is None
+    secure = load_stack_config(Path(__file__).resolve().parents[2] / "deploy" / "configs" / "secure.yaml")
+    assert secure.targets[0].security == secure.router.security == secure.security
+    assert secure.security.mutual_tls and secure.router.host == "0.0.0.0"
 
 
 def test_router_and_client_import_no_torch():

@@ -50,10 +50,12 @@ class GenerationStats(_message.Message):
     def __init__(self, num_new_tokens: _Optional[int] = ..., num_target_forwards: _Optional[int] = ..., num_draft_tokens: _Optional[int] = ..., num_accepted_tokens: _Optional[int] = ..., elapsed_s: _Optional[float] = ..., draft_s: _Optional[float] = ..., verify_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., num_drafts: _Optional[int] = ..., num_accepted_per_pos: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("sequence_id",)
+    __slots__ = ("sequence_id", "owner_key")
     SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
+    OWNER_KEY_FIELD_NUMBER: _ClassVar[int]
     sequence_id: str
-    def __init__(self, sequence_id: _Optional[str] = ...) -> None: ...
+    owner_key: str
+    def __init__(self, sequence_id: _Optional[str] = ..., owner_key: _Optional[str] = ...) -> None: ...
 
 class ReleaseResponse(_message.Message):
     __slots__ = ("released",)

@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from specdec.rpc.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16specdec/v1/draft.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\x8f\x01\n\rAttachRequest\x12\x13\n\x0bsequence_id\x18\x01 \x01(\t\x12\x16\n\x0etarget_address\x18\x02 \x01(\t\x12\x12\n\nprompt_ids\x18\x03 \x03(\x03\x12*\n\x06params\x18\x04 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\"\x10\n\x0e\x41ttachResponse2\xda\x01\n\x0b\x44raftWorker\x12?\n\x06\x41ttach\x12\x19.specdec.v1.AttachRequest\x1a\x1a.specdec.v1.AttachResponse\x12\x42\n\x07Release\x12\x1a.specdec.v1.ReleaseRequest\x1a\x1b.specdec.v1.ReleaseResponse\x12\x46\n\rGetWorkerInfo\x12\x1d.specdec.v1.WorkerInfoRequest\x1a\x16.specdec.v1.WorkerInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16specdec/v1/draft.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\xb5\x01\n\rAttachRequest\x12\x13\n\x0bsequence_id\x18\x01 \x01(\t\x12\x16\n\x0etarget_address\x18\x02 \x01(\t\x12\x12\n\nprompt_ids\x18\x03 \x03(\x03\x12*\n\x06params\x18\x04 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\x12\x11\n\towner_key\x18\x06 \x01(\t\x12\x11\n\tdraft_key\x18\x07 \x01(\t\"\x10\n\x0e\x41ttachResponse2\xda\x01\n\x0b\x44raftWorker\x12?\n\x06\x41ttach\x12\x19.specdec.v1.AttachRequest\x1a\x1a.specdec.v1.AttachResponse\x12\x42\n\x07Release\x12\x1a.specdec.v1.ReleaseRequest\x1a\x1b.specdec.v1.ReleaseResponse\x12\x46\n\rGetWorkerInfo\x12\x1d.specdec.v1.WorkerInfoRequest\x1a\x16.specdec.v1.WorkerInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,9 +34,9 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specdec.v1.draft_pb2', _glo
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ATTACHREQUEST']._serialized_start=64
-  _globals['_ATTACHREQUEST']._serialized_end=207
-  _globals['_ATTACHRESPONSE']._serialized_start=209
-  _globals['_ATTACHRESPONSE']._serialized_end=225
-  _globals['_DRAFTWORKER']._serialized_start=228
-  _globals['_DRAFTWORKER']._serialized_end=446
+  _globals['_ATTACHREQUEST']._serialized_end=245
+  _globals['_ATTACHRESPONSE']._serialized_start=247
+  _globals['_ATTACHRESPONSE']._serialized_end=263
+  _globals['_DRAFTWORKER']._serialized_start=266
+  _globals['_DRAFTWORKER']._serialized_end=484
 # @@protoc_insertion_point(module_scope)

@@ -9,18 +9,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AttachRequest(_message.Message):
-    __slots__ = ("sequence_id", "target_address", "prompt_ids", "params", "timeout_s")
+    __slots__ = ("sequence_id", "target_address", "prompt_ids", "params", "timeout_s", "owner_key", "draft_key")
     SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    OWNER_KEY_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_KEY_FIELD_NUMBER: _ClassVar[int]
     sequence_id: str
     target_address: str
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     params: _common_pb2.SamplingParams
     timeout_s: float
-    def __init__(self, sequence_id: _Optional[str] = ..., target_address: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    owner_key: str
+    draft_key: str
+    def __init__(self, sequence_id: _Optional[str] = ..., target_address: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., timeout_s: _Optional[float] = ..., owner_key: _Optional[str] = ..., draft_key: _Optional[str] = ...) -> None: ...
 
 class AttachResponse(_message.Message):
     __slots__ = ()

@@ -62,7 +62,8 @@ class GenerationServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetServerInfo(self, request, context):
-        """What the router serves, its limits and its workers' state.
+        """What the router serves, its limits and its workers' state. Worker addresses, sequence ids and
+        user names are shown only to a caller with an admin key (or when no key of any kind is configured).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

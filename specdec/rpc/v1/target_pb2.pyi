@@ -10,16 +10,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("sequence_id", "prompt_ids", "params", "expect_drafts")
+    __slots__ = ("sequence_id", "prompt_ids", "params", "expect_drafts", "owner_key", "draft_key")
     SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     EXPECT_DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    OWNER_KEY_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_KEY_FIELD_NUMBER: _ClassVar[int]
     sequence_id: str
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     params: _common_pb2.SamplingParams
     expect_drafts: bool
-    def __init__(self, sequence_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., expect_drafts: _Optional[bool] = ...) -> None: ...
+    owner_key: str
+    draft_key: str
+    def __init__(self, sequence_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., expect_drafts: _Optional[bool] = ..., owner_key: _Optional[str] = ..., draft_key: _Optional[str] = ...) -> None: ...
 
 class Commit(_message.Message):
     __slots__ = ("sequence_id", "version", "token_ids", "text", "num_drafted", "num_accepted", "verify_s", "prefill_s", "finish_reason", "draft_budget")
@@ -64,7 +68,7 @@ class DraftTree(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., parent_ids: _Optional[_Iterable[int]] = ..., q: _Optional[_Iterable[_Union[SparseDistribution, _Mapping]]] = ...) -> None: ...
 
 class DraftMessage(_message.Message):
-    __slots__ = ("sequence_id", "version", "tree", "trace_context")
+    __slots__ = ("sequence_id", "version", "tree", "trace_context", "draft_key")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -76,11 +80,13 @@ class DraftMessage(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TREE_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_KEY_FIELD_NUMBER: _ClassVar[int]
     sequence_id: str
     version: int
     tree: DraftTree
     trace_context: _containers.ScalarMap[str, str]
-    def __init__(self, sequence_id: _Optional[str] = ..., version: _Optional[int] = ..., tree: _Optional[_Union[DraftTree, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    draft_key: str
+    def __init__(self, sequence_id: _Optional[str] = ..., version: _Optional[int] = ..., tree: _Optional[_Union[DraftTree, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., draft_key: _Optional[str] = ...) -> None: ...
 
 class Refusal(_message.Message):
     __slots__ = ("kind", "reason", "current_version", "context_ids")
@@ -90,10 +96,12 @@ class Refusal(_message.Message):
         STALE: _ClassVar[Refusal.Kind]
         MALFORMED: _ClassVar[Refusal.Kind]
         UNKNOWN_SEQUENCE: _ClassVar[Refusal.Kind]
+        NOT_ATTACHED: _ClassVar[Refusal.Kind]
     KIND_UNSPECIFIED: Refusal.Kind
     STALE: Refusal.Kind
     MALFORMED: Refusal.Kind
     UNKNOWN_SEQUENCE: Refusal.Kind
+    NOT_ATTACHED: Refusal.Kind
     KIND_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     CURRENT_VERSION_FIELD_NUMBER: _ClassVar[int]

@@ -70,7 +70,7 @@ class TargetWorkerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Release(self, request, context):
-        """Drops a sequence now (idempotent).
+        """Drops a sequence now (idempotent); only for the caller that admitted it (owner_key).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -78,8 +78,8 @@ class TargetWorkerServicer:
 
     def Verify(self, request_iterator, context):
         """A draft worker's link: draft trees one way, verify outcomes the other. A stream that has sent
-        a draft for a sequence receives every later commit of that sequence; when the stream ends,
-        those sequences decode on without it.
+        a draft for a sequence, with the sequence's draft_key, receives every later commit of that
+        sequence; when the stream ends, those sequences decode on without it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
