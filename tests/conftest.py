@@ -69,7 +69,7 @@ def one_thread():
 # afterwards, alone, so a neighbour's import or forward cannot eat their budget.
 SERIAL_MODULES = frozenset({
     "test_admission_flood", "test_chunked_prefill", "test_draft_death", "test_hostile_inputs",
-    "test_router_batching", "test_step_faults", "test_router_admission",
+    "test_router_batching", "test_step_faults", "test_router_admission", "test_drain",
 })
 
 

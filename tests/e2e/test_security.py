@@ -185,17 +185,29 @@ def test_the_http_api_serves_https_with_the_same_keys(stacks, secrets):
 
 # -- attacks by an authenticated peer ----------------------------------------------------------
 
-def victim_ids(target: str, secrets, timeout_s: float = 30.0) -> list[str]:
-    """The sequence ids the target holds, once it holds one (an authenticated peer may ask)."""
+def victim_ids(worker: str, secrets, timeout_s: float = 30.0,
+               stub_cls=target_pb2_grpc.TargetWorkerStub) -> list[str]:
+    """The sequence ids a worker holds, once it holds one (an authenticated peer may ask)."""
     deadline = time.monotonic() + timeout_s
-    with open_channel(target, secrets["attacker"]) as channel:
-        stub = target_pb2_grpc.TargetWorkerStub(channel)
+    with open_channel(worker, secrets["attacker"]) as channel:
+        stub = stub_cls(channel)
         while time.monotonic() < deadline:
             ids = list(stub.GetWorkerInfo(common_pb2.WorkerInfoRequest(), timeout=5).sequence_ids)
             if ids:
                 return ids
             time.sleep(0.005)
     raise AssertionError("the victim's sequence never appeared")
+
+
+def wait_idle(target: str, secrets, timeout_s: float = 30.0) -> None:
+    """Until the target holds no sequence (the last run's release can trail its stream's end): an attack
+    must find the victim's sequence, not the one before it."""
+    deadline = time.monotonic() + timeout_s
+    with open_channel(target, secrets["attacker"]) as channel:
+        stub = target_pb2_grpc.TargetWorkerStub(channel)
+        while stub.GetWorkerInfo(common_pb2.WorkerInfoRequest(), timeout=5).sequence_ids:
+            assert time.monotonic() < deadline, "the target still holds an earlier sequence"
+            time.sleep(0.01)
 
 
 def run_victim(address: str, secrets, params: SamplingParams, attack=None):
@@ -215,10 +227,12 @@ def run_victim(address: str, secrets, params: SamplingParams, attack=None):
 
 
 def release_at(worker: str, stub_cls, target: str, secrets):
+    wait_idle(target, secrets)
+
     def attack():
         with open_channel(worker, secrets["attacker"]) as channel:
             grpc.channel_ready_future(channel).result(timeout=30)  # TLS done before the victim is found
-            seq_id = victim_ids(target, secrets)[0]
+            seq_id = victim_ids(worker, secrets, stub_cls=stub_cls)[0]  # the draft worker attaches after admission
             return refusal(lambda ch: stub_cls(ch).Release(common_pb2.ReleaseRequest(sequence_id=seq_id), timeout=5),
                            channel)
     return attack
@@ -227,6 +241,8 @@ def release_at(worker: str, stub_cls, target: str, secrets):
 def forged_drafts(target: str, secrets, duration_s: float = 3.0, token_id: int = 42):
     """A Verify stream naming the victim's sequence: asks for its state with a stale draft, then sends
     chains of `token_id` claiming q = 1e-30 at every version it learns. Returns every message received."""
+    wait_idle(target, secrets)
+
     def attack():
         seq_id = victim_ids(target, secrets)[0]
         outbox: queue.Queue = queue.Queue()
