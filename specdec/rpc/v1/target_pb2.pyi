@@ -10,16 +10,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("sequence_id", "prompt_ids", "params", "expect_drafts")
+    __slots__ = ("sequence_id", "prompt_ids", "params", "expect_drafts", "resumed_ids")
     SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     EXPECT_DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_IDS_FIELD_NUMBER: _ClassVar[int]
     sequence_id: str
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     params: _common_pb2.SamplingParams
     expect_drafts: bool
-    def __init__(self, sequence_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., expect_drafts: _Optional[bool] = ...) -> None: ...
+    resumed_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, sequence_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., expect_drafts: _Optional[bool] = ..., resumed_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Commit(_message.Message):
     __slots__ = ("sequence_id", "version", "token_ids", "text", "num_drafted", "num_accepted", "verify_s", "prefill_s", "finish_reason", "draft_budget")
