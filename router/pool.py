@@ -15,6 +15,11 @@ import grpc
 
 from specdec.rpc.server import channel_options
 
+# gRPC's own reconnect back-off grows to two minutes while a worker is down; a worker restarted on its
+# address (specdec serve's supervisor) must be reachable again within a second of its return.
+RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 250), ("grpc.min_reconnect_backoff_ms", 250),
+                     ("grpc.max_reconnect_backoff_ms", 1000)]
+
 
 @dataclass
 class Worker:
@@ -34,8 +39,8 @@ class WorkerPool:
         """wrap(channel): the channel the stub uses (telemetry's tracing interceptor)."""
         self.lock = threading.Lock()
         self.bench_s = bench_s
-        self.workers = [Worker(a, stub_cls(wrap(grpc.insecure_channel(a, options=channel_options()))))
-                        for a in addresses]
+        options = channel_options() + RECONNECT_OPTIONS
+        self.workers = [Worker(a, stub_cls(wrap(grpc.insecure_channel(a, options=options)))) for a in addresses]
 
     def acquire(self) -> Worker | None:
         with self.lock:
