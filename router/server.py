@@ -8,6 +8,7 @@ import grpc
 
 from router.api_keys import ApiKeyInterceptor, ApiKeys
 from router.dispatcher import TARGET_INFO_TIMEOUT_S, Dispatcher
+from router.oversize import OversizeInterceptor
 from specdec.errors import InvalidArgument, Unavailable
 from specdec.rpc.server import run_until_signalled, start_server
 from specdec.rpc.v1 import common_pb2, generation_pb2, generation_pb2_grpc, target_pb2_grpc
@@ -94,10 +95,11 @@ def serve(config: RouterConfig) -> int:
     telemetry = setup_telemetry("router", config.metrics_port)
     dispatcher = Dispatcher(config, fetch_target_info(config.targets[0], config.worker_timeout_s), telemetry)
     servicer = GenerationServicer(dispatcher)
-    interceptors = [*telemetry.server_interceptors(), *([ApiKeyInterceptor(keys)] if keys.enabled else ())]
+    interceptors = [*telemetry.server_interceptors(), *([ApiKeyInterceptor(keys)] if keys.enabled else ()),
+                    OversizeInterceptor(dispatcher.limits)]  # after the key check: strangers are refused first
     running = start_server(lambda s: generation_pb2_grpc.add_GenerationServicer_to_server(servicer, s),
                            ["specdec.v1.Generation"], config.port, interceptors=interceptors,
-                           max_receive_bytes=dispatcher.limits.max_request_bytes)
+                           max_receive_bytes=dispatcher.limits.max_receive_bytes)
     http = None
     if config.http_port >= 0:
         from router.http_api import start_http
