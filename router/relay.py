@@ -155,10 +155,9 @@ class Relay:
             if draft is not None:
                 with self.trace.use():
                     draft = router.attach_draft(draft, target.address, seq_id, self.prompt_ids + resumed,
-                                           remaining_params(self.params, len(resumed)), call)
+                                                remaining_params(self.params, len(resumed)), call)
             for commit in admit:
-                response = tally.response(commit, self.trace)
-                yield response
+                yield tally.response(commit, self.trace)  # counted as sent before it is
                 if commit.finish_reason:
                     return
             raise ServerError("the target worker ended the sequence without finishing it")
