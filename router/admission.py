@@ -99,6 +99,20 @@ class Admission:
         with self.cond:
             self._release(ticket)
 
+    def move(self, ticket: Ticket) -> int:
+        """Failover: the ticket's target died (and is benched). Its reservation moves to the healthy
+        target with the most room that fits it, at once; Unavailable if none fits now."""
+        with self.cond:
+            index = self._place(ticket.tokens)
+            if index is None:
+                raise Unavailable(f"no other healthy target has room for its {ticket.tokens} tokens of KV cache "
+                                  f"({self._kv_text()})")
+            self.rooms[ticket.target].give_back(ticket.tokens)
+            self.rooms[index].reserve(ticket.tokens)
+            ticket.target = index
+            self._dispatch()  # the dead target's room is its own again (for when it is back)
+            return index
+
     def update_target(self, index: int, capacity_tokens: int, max_sequences: int) -> None:
         """A target reported its limits (0 = unknown); more room may let waiting requests start."""
         with self.cond:

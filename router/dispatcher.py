@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-import time
-import uuid
-from typing import Callable, Iterator, NamedTuple, Protocol
+from typing import Callable, Iterator, Protocol
 
 import grpc
 
@@ -21,37 +19,20 @@ from router.discovery import WorkerSet
 from router.limits import check_request, derive_limits
 from router.pool import WorkerPool
 from router.prompts import PromptEncoder
+from router.relay import RELEASE_TIMEOUT_S, Relay, SequenceKeys, time_remaining
 from router.tokenize_pool import TokenizePool
-from specdec.core.types import GenerationStats, tally_accepted
-from specdec.errors import InvalidArgument, ServerError, Unavailable
+from specdec.errors import InvalidArgument, Unavailable
 from specdec.keys import new_key
-from specdec.rpc.convert import params_from_pb, params_to_pb, prompt_from_pb, stats_to_pb
-from specdec.rpc.v1 import common_pb2, draft_pb2, draft_pb2_grpc, generation_pb2, target_pb2, target_pb2_grpc
+from specdec.rpc.convert import params_from_pb, params_to_pb, prompt_from_pb
+from specdec.rpc.v1 import common_pb2, draft_pb2, draft_pb2_grpc, generation_pb2, target_pb2_grpc
 from specdec.serving_config import RouterConfig
 from specdec.telemetry import Telemetry
 from specdec.telemetry_trace import RequestTrace, RouterInstruments
 
 log = logging.getLogger(__name__)
-RELEASE_TIMEOUT_S = 2.0
 TARGET_INFO_TIMEOUT_S = 2.0
 PROBE_TIMEOUT_S = 1.0  # a draft worker back from the bench must answer this fast to be used
 MAX_USER_LEN = 256
-NO_DEADLINE_S = 1e8  # grpc reports "no deadline" as a huge time remaining
-
-
-class NotAdmitted(Exception):
-    """The target refused the sequence before admitting it (UNAVAILABLE: draining, or gone): nothing
-    was streamed, so the request is placed again on another target. `error`: the refusal."""
-
-    def __init__(self, error: grpc.RpcError):
-        super().__init__(str(error))
-        self.error = error
-
-
-class SequenceKeys(NamedTuple):
-    """The secrets of one sequence (specdec.keys): `owner` stays here, `draft` goes to its draft worker."""
-    owner: str
-    draft: str
 
 
 class Call(Protocol):
@@ -59,12 +40,6 @@ class Call(Protocol):
     def time_remaining(self) -> float | None: ...  # seconds to the client's deadline; None (or huge): none
     def add_callback(self, callback: Callable[[], None]) -> bool: ...  # run when the call ends
     def peer(self) -> str: ...  # who is calling: the fairness key of anonymous requests
-
-
-def time_remaining(call: Call) -> float | None:
-    """Seconds left of the client's deadline, None without one (passed on to every downstream call)."""
-    left = call.time_remaining()
-    return None if left is None or left > NO_DEADLINE_S else left
 
 
 class Dispatcher:
@@ -151,61 +126,20 @@ class Dispatcher:
                              params, len(prompt_ids))
         error = None
         try:
-            for attempt in range(len(self.targets.workers) + 1):
-                with trace.queue():
-                    ticket = self.admission.acquire(call.is_active, lambda: time_remaining(call),
-                                                    request.user or call.peer(), len(prompt_ids) + params.max_new_tokens)
-                try:
-                    yield from self._generate(ticket.target, prompt_ids, params, call, trace)
-                    break
-                except NotAdmitted as refused:  # nothing streamed yet: place it again, elsewhere
-                    if attempt == len(self.targets.workers):
-                        raise refused.error from None
-                finally:
-                    self.admission.release(ticket)
+            with trace.queue():
+                ticket = self.admission.acquire(call.is_active, lambda: time_remaining(call),
+                                                request.user or call.peer(), len(prompt_ids) + params.max_new_tokens)
+            try:  # on the ticket's target, and on another if that one dies
+                yield from Relay(self, ticket, prompt_ids, params, call, trace).run()
+            finally:
+                self.admission.release(ticket)
         except Exception as exc:
             error = exc
             raise
         finally:
             trace.end(error)
 
-    def _generate(self, target_index, prompt_ids, params, call: Call, trace: RequestTrace):
-        start = time.perf_counter()
-        target = self.targets.workers[target_index]
-        draft = self._draft_worker(call)
-        trace.admitted(target.address, draft.address if draft is not None else "")
-        seq_id = uuid.uuid4().hex
-        keys = SequenceKeys(new_key(), new_key())  # release ours only; drafts from the attached worker only
-        admit = target.stub.Admit(target_pb2.AdmitRequest(
-            sequence_id=seq_id, prompt_ids=prompt_ids, params=params_to_pb(params), expect_drafts=draft is not None,
-            owner_key=keys.owner, draft_key=keys.draft), timeout=time_remaining(call), metadata=trace.metadata())
-        call.add_callback(admit.cancel)  # client gone -> the target's Admit ends -> sequence released there
-        try:
-            try:
-                admitted = next(admit)  # prefill done
-            except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE or not call.is_active():
-                    raise
-                self.targets.bench(target)  # draining or gone: it admitted nothing
-                raise NotAdmitted(exc) from exc
-            if draft is not None:
-                with trace.use():
-                    draft = self._attach(draft, target.address, seq_id, keys, prompt_ids, params, call)
-            yield from self._relay(admit, admitted.prefill_s, prompt_ids, start, trace)
-        except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.UNAVAILABLE:
-                self.targets.bench(target)
-            elif exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:  # full beyond this router's ledger
-                self.refresh_target(target_index, RELEASE_TIMEOUT_S)
-            raise
-        finally:
-            admit.cancel()
-            self._release(target, seq_id, keys.owner)
-            if draft is not None:
-                self._release(draft, seq_id, keys.owner)
-                self.drafts.release(draft)
-
-    def _draft_worker(self, call: Call):
+    def draft_worker(self, call: Call):
         """A draft worker for the next sequence, or None. One back from the bench is asked first
         whether it is alive: the target would otherwise wait `draft_wait_s` for drafts that never come."""
         draft = self.drafts.acquire()
@@ -223,7 +157,7 @@ class Dispatcher:
         self.drafts.cleared(draft)
         return draft
 
-    def _attach(self, draft, target_address, seq_id, keys: SequenceKeys, prompt_ids, params, call: Call):
+    def attach_draft(self, draft, target_address, seq_id, keys: SequenceKeys, prompt_ids, params, call: Call):
         """Assign the draft worker; without it the target simply decodes alone."""
         remaining = time_remaining(call)
         try:
@@ -238,33 +172,7 @@ class Dispatcher:
             self.drafts.release(draft)
             return None
 
-    def _relay(self, admit, prefill_s, prompt_ids, start, trace: RequestTrace):
-        texts, num_tokens, forwards, drafted, accepted, verify_s = [], 0, 0, 0, 0, 0.0
-        num_drafts, accepted_per_pos = 0, []
-        for commit in admit:
-            texts.append(commit.text)
-            num_tokens += len(commit.token_ids)
-            forwards += 1
-            drafted += commit.num_drafted
-            accepted += commit.num_accepted
-            verify_s += commit.verify_s
-            num_drafts += commit.num_drafted > 0
-            tally_accepted(accepted_per_pos, commit.num_accepted)
-            trace.commit(len(commit.token_ids), commit.num_drafted, commit.num_accepted)
-            response = generation_pb2.GenerateResponse(text=commit.text, token_ids=commit.token_ids)
-            if commit.finish_reason:
-                stats = GenerationStats(num_tokens, forwards, drafted, accepted, time.perf_counter() - start,
-                                        0.0, verify_s, prefill_s, num_drafts, tuple(accepted_per_pos))
-                trace.finish(stats, commit.finish_reason)
-                response.final.CopyFrom(generation_pb2.FinalInfo(
-                    finish_reason=commit.finish_reason, stats=stats_to_pb(stats), prompt_token_ids=prompt_ids,
-                    text="".join(texts)))
-                yield response
-                return
-            yield response
-        raise ServerError("the target worker ended the sequence without finishing it")
-
-    def _release(self, worker, seq_id: str, owner_key: str) -> None:
+    def release_at(self, worker, seq_id: str, owner_key: str) -> None:
         try:
             worker.stub.Release(common_pb2.ReleaseRequest(sequence_id=seq_id, owner_key=owner_key),
                                 timeout=RELEASE_TIMEOUT_S)

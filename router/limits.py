@@ -6,8 +6,14 @@ for the context is refused anyway afterwards. The byte bound is derived so that 
 prompt that could fit: a text of more than `max_context_len x longest_token_bytes` bytes needs more
 tokens than the context holds (every token stands for at most `longest_token_bytes` bytes of text;
 true of byte-level and other lossless tokenizers, so a deployment whose tokenizer drops text sets
-`max_prompt_bytes` itself). The gRPC door's message size limit is derived from the same numbers
-(`max_request_bytes`), so nothing larger than the largest valid request is ever read into memory.
+`max_prompt_bytes` itself).
+
+The gRPC door's message size limit (`max_receive_bytes`) is set well above the largest valid request
+(`max_request_bytes`): at least 32 MiB, at least twice that. A request up to it is read and refused
+by the router with INVALID_ARGUMENT naming `max_prompt_bytes` (what a client can act on: send less):
+one larger than any valid request by its size on the wire, unparsed (router.oversize), the others
+here, field by field. Only a message above the gRPC limit is refused by gRPC itself, before it is
+read, with RESOURCE_EXHAUSTED ("Received message larger than max (N vs. M)").
 
 The other limits bound the work a request causes per generated token (stop strings are searched
 at every step) or close doors the template never meant to open (a chat role is written into the
@@ -27,6 +33,7 @@ CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 OTHER_FIELDS_BYTES = 4096
 MESSAGE_FRAMING_BYTES = 32
 TOKEN_ID_BYTES = 10  # a varint-encoded token id, at most
+REFUSED_IN_FULL_BYTES = 32 << 20  # requests up to this size get the router's own INVALID_ARGUMENT
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,12 @@ class RequestLimits:
         prompt = max(self.max_prompt_bytes + self.max_messages * MESSAGE_FRAMING_BYTES,
                      self.max_prompt_tokens * TOKEN_ID_BYTES)
         return prompt + self.max_stop_strings * (self.max_stop_bytes + 8) + OTHER_FIELDS_BYTES
+
+    @property
+    def max_receive_bytes(self) -> int:
+        """The gRPC message limit: up to it an oversized request is refused by `check_request`, naming
+        the limit it is over; beyond it gRPC refuses the message unread (see the module doc)."""
+        return max(REFUSED_IN_FULL_BYTES, 2 * self.max_request_bytes)
 
 
 def derive_limits(max_context_len: int, longest_token_bytes: int, max_prompt_bytes: int = 0,

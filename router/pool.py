@@ -23,6 +23,11 @@ from specdec.rpc.security import open_channel
 from specdec.rpc.server import channel_options
 from specdec.security_config import SecurityConfig
 
+# gRPC's own reconnect back-off grows to two minutes while a worker is down; a worker restarted on its
+# address (specdec serve's supervisor) must be reachable again within a second of its return.
+RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 250), ("grpc.min_reconnect_backoff_ms", 250),
+                     ("grpc.max_reconnect_backoff_ms", 1000)]
+
 
 @dataclass
 class Worker:
@@ -51,7 +56,7 @@ class WorkerPool:
 
     def connect(self, address: str) -> Worker:
         """A worker with its own credentialed channel, its stub, and a watch on its health."""
-        channel = open_channel(address, self.security, channel_options())
+        channel = open_channel(address, self.security, channel_options() + RECONNECT_OPTIONS)
         worker = Worker(address, self.stub_cls(self.wrap(channel)))
         worker.watch = HealthWatch(channel, lambda serving, worker=worker: setattr(worker, "serving", serving))
         return worker

@@ -9,6 +9,7 @@ import grpc
 from router.api_keys import ApiKeyInterceptor, ApiKeys
 from router.discovery import Discovery
 from router.dispatcher import TARGET_INFO_TIMEOUT_S, Dispatcher
+from router.oversize import OversizeInterceptor
 from specdec.errors import InvalidArgument, Unavailable
 from specdec.rpc.security import open_channel
 from specdec.rpc.server import Drain, run_until_signalled, start_server
@@ -124,10 +125,11 @@ def serve(config: RouterConfig) -> int:
     dispatcher = Dispatcher(config, target_info, telemetry, workers)
     discovery.start(workers, dispatcher.sync_workers)
     servicer = GenerationServicer(dispatcher, keys)
-    interceptors = [*telemetry.server_interceptors(), *([ApiKeyInterceptor(keys)] if keys.enabled else ())]
+    interceptors = [*telemetry.server_interceptors(), *([ApiKeyInterceptor(keys)] if keys.enabled else ()),
+                    OversizeInterceptor(dispatcher.limits)]  # after the key check: strangers are refused first
     running = start_server(lambda s: generation_pb2_grpc.add_GenerationServicer_to_server(servicer, s),
                            ["specdec.v1.Generation"], config.port, host=config.host, interceptors=interceptors,
-                           max_receive_bytes=dispatcher.limits.max_request_bytes, security=config.security,
+                           max_receive_bytes=dispatcher.limits.max_receive_bytes, security=config.security,
                            internal=False, advertise_host=config.advertise_host, kind="router")
     http = None
     if config.http_port >= 0:

@@ -9,6 +9,12 @@ distributed paths match the engine token for token.
 Prefill puts every prompt token but the last in the cache. In process it runs at once; the target
 worker opens a sequence unprefilled and feeds its prompt in chunks between other sequences' decode
 steps (`prefill_chunk`), so a long prompt never holds the model for seconds while streams wait.
+
+A sequence can also be opened to resume a generation another target began and lost (`resumed_ids`,
+router failover): those tokens go into the cache with the prompt, count against max_new_tokens and
+replay through the text stream without being emitted again, so the resumed sequence is in the state
+the lost one was in after the same tokens. A seeded sampled sequence reseeds its generator from
+(seed, committed length) at every commit (`step_seed`), so its random state is that same state too.
 """
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.core.sampling import make_generator, warp
+from specdec.core.sampling import make_generator, step_seed, warp
 from specdec.core.tree import DraftTree, TreeLayout
 from specdec.core.types import SamplingParams
 from specdec.core.verify import VerifyResult, verify_greedy, verify_sampling
@@ -38,15 +44,18 @@ class StepResult:
 class Sequence:
     def __init__(self, runner: ModelRunner, prompt_ids: list[int], params: SamplingParams,
                  tokenizer=None, eos_ids: frozenset[int] = frozenset(), keep_features: bool = False,
-                 prefill: bool = True):
+                 prefill: bool = True, resumed_ids: list[int] | tuple[int, ...] = ()):
         self.runner = runner
         self.params = params
         self.prompt_ids = list(prompt_ids)
-        self.context = list(prompt_ids)  # committed: prompt + generated; the last is the next root
+        self.context = self.prompt_ids + list(resumed_ids)  # committed: prompt + generated; the last is the next root
+        self.num_opened = len(self.context)  # what prefill puts in the cache (all but the last of these)
         self.version = 0  # bumped at every commit; drafts name the version they were built on
         self.eos_ids = frozenset() if params.ignore_eos else eos_ids
-        self.generator = None if params.greedy else make_generator(params.seed)
+        self.generator = None if params.greedy else make_generator(self._step_seed())
         self.text = TextStream(tokenizer, params.stop)
+        if resumed_ids:  # their text was sent by the target that generated them
+            self.text.push(list(resumed_ids))
         self.cache = runner.new_cache()
         self.cache_lender = None  # a BatchCache holding this cache stacked with others (cache is None then)
         self.finish_reason: str | None = None
@@ -54,30 +63,35 @@ class Sequence:
         # keep_features: the target feature of every cached position, in cache order, as chunks
         # [rows, hidden] (an EAGLE-style head runs its own layer over all of them); off by default.
         self.feature_chunks: list[torch.Tensor] | None = [] if keep_features else None
-        self.num_prefilled = 0  # prompt tokens in the cache; the cache holds every committed token but the last
+        self.num_prefilled = 0  # opened tokens in the cache; the cache holds every committed token but the last
         self.prefill_s = 0.0
         if prefill:
             self.prefill_chunk()
 
     @property
     def prefilled(self) -> bool:
-        return self.num_prefilled >= len(self.prompt_ids) - 1
+        return self.num_prefilled >= self.num_opened - 1
 
     def prefill_chunk(self, max_tokens: int | None = None) -> int:
-        """Put the next prompt tokens in the cache (at most max_tokens; None = the rest); returns how many."""
-        end = len(self.prompt_ids) - 1
+        """Put the next prompt (and resumed) tokens in the cache (at most max_tokens; None = the rest);
+        returns how many."""
+        end = self.num_opened - 1
         if max_tokens is not None:
             end = min(end, self.num_prefilled + max_tokens)
         if end <= self.num_prefilled:
             return 0
         start = time.perf_counter()
-        _, hidden = self.runner.forward(self.prompt_ids[self.num_prefilled:end], self.cache, want_logits=False)
+        _, hidden = self.runner.forward(self.context[self.num_prefilled:end], self.cache, want_logits=False)
         self.hidden = hidden[-1].clone()  # its LM-head output predicts the root: what Medusa heads read first
         if self.feature_chunks is not None:
             self.feature_chunks.append(hidden)
         num_tokens, self.num_prefilled = end - self.num_prefilled, end
         self.prefill_s += time.perf_counter() - start
         return num_tokens
+
+    def _step_seed(self) -> int | None:
+        """The seed of the next step's draws (None: unseeded, fresh entropy once)."""
+        return None if self.params.seed is None else step_seed(self.params.seed, len(self.context))
 
     @property
     def generated_ids(self) -> list[int]:
@@ -119,4 +133,6 @@ class Sequence:
         if self.finish_reason is not None:
             delta += self.text.flush()
         self.context.extend(token_ids)
+        if self.generator is not None and self.params.seed is not None:
+            self.generator.manual_seed(self._step_seed())
         return StepResult(token_ids, delta, num_drafted, num_accepted, depth, verify_s)

@@ -51,6 +51,17 @@ class SeqState:
     draft_key: str = ""  # every draft must carry it: only the attached draft worker drafts; "" = anyone
 
 
+def check_resumed(resumed_ids: list[int], params, vocab_size: int) -> None:
+    """Tokens of a generation resumed from a failed target: inside the vocabulary, and fewer than
+    max_new_tokens (they count against it; a finished generation is never resumed)."""
+    if len(resumed_ids) >= params.max_new_tokens:
+        raise InvalidArgument(f"resumed_ids: {len(resumed_ids)} tokens already generated leave nothing of "
+                              f"max_new_tokens ({params.max_new_tokens}) to generate")
+    bad = next((t for t in resumed_ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise InvalidArgument(f"resumed_ids: token id {bad} is outside the vocabulary [0, {vocab_size})")
+
+
 def judge_draft(msg: target_pb2.DraftMessage, version: int, context_len: int, vocab_size: int,
                 max_tree_nodes: int, max_len: int) -> tuple[int, str, DraftTree | None]:
     """(refusal kind, reason, None) for a draft that must not be verified, else (_, "", its tree)."""

@@ -38,7 +38,7 @@ class TargetServicer(target_pb2_grpc.TargetWorkerServicer):
     def Admit(self, request, context):
         params = params_from_pb(request.params)
         state = self.worker.admit(request.sequence_id, list(request.prompt_ids), params, request.expect_drafts,
-                                  request.owner_key, request.draft_key)
+                                  request.owner_key, request.draft_key, list(request.resumed_ids))
         context.add_callback(lambda: self.worker.release(request.sequence_id))  # cancel, deadline or end
         yield from _drain(state.outbox, context)  # first the version-0 message, once prefilled
 

@@ -50,6 +50,7 @@ class Admit:
     handle: int  # rank 0's number for this admission (never reused, unlike sequence ids)
     prompt_ids: list[int]
     params: SamplingParams
+    resumed_ids: list[int]  # a generation resumed from another target (Sequence's resumed_ids)
 
 
 @dataclass(frozen=True)
@@ -93,15 +94,15 @@ class Mirror:
         self.last_sent = time.monotonic()
         self.stopped = False
 
-    def admit(self, engine, prompt_ids: list[int], params: SamplingParams):
+    def admit(self, engine, prompt_ids: list[int], params: SamplingParams, resumed_ids: list[int] = ()):
         """Open the sequence, unprefilled, on every rank; returns open_sequence's (Sequence, drafting
         session | None) for this one. Its prompt goes in through `prefill`."""
         if not self.active:
-            return open_sequence(engine, prompt_ids, params, prefill=False)
+            return open_sequence(engine, prompt_ids, params, prefill=False, resumed_ids=resumed_ids)
         handle, self.next_handle = self.next_handle, self.next_handle + 1
-        self._send(Admit(handle, list(prompt_ids), params))
+        self._send(Admit(handle, list(prompt_ids), params, list(resumed_ids)))
         try:
-            seq, session = open_sequence(engine, prompt_ids, params, prefill=False)
+            seq, session = open_sequence(engine, prompt_ids, params, prefill=False, resumed_ids=resumed_ids)
         except BaseException:
             self.gone.put(handle)
             raise
@@ -182,7 +183,7 @@ class Follower:
         if isinstance(op, Admit):
             engine = self.engine
             self.seqs[op.handle] = Sequence(engine.runner, op.prompt_ids, op.params, engine.tokenizer,
-                                            engine.eos_ids, prefill=False)
+                                            engine.eos_ids, prefill=False, resumed_ids=op.resumed_ids)
         elif isinstance(op, Prefill):
             seq = self.seqs.get(op.handle)
             if seq is not None and seq.num_prefilled != op.start:  # would corrupt silently

@@ -33,7 +33,7 @@ from specdec.telemetry_trace import TargetInstruments, TargetStepTrace
 from target_service.batch_former import form_batch
 from target_service.kv_room import KvFigures, KvRoom
 from target_service.draft_intake import DraftIntake
-from target_service.seq_state import DrafterLink, SeqState
+from target_service.seq_state import DrafterLink, SeqState, check_resumed
 from target_service.tp import Mirror
 
 log = logging.getLogger(__name__)
@@ -73,12 +73,14 @@ class TargetWorker(DraftIntake):
 
     # -- calls from the servicer ------------------------------------------------------------
     def admit(self, seq_id: str, prompt_ids: list[int], params: SamplingParams, expect_drafts: bool,
-              owner_key: str = "", draft_key: str = "") -> SeqState:
-        """owner_key: what Release must present; draft_key: what every draft must carry (specdec.keys)."""
+              owner_key: str = "", draft_key: str = "", resumed_ids: list[int] = ()) -> SeqState:
+        """owner_key: what Release must present; draft_key: what every draft must carry (specdec.keys);
+        resumed_ids: tokens of this generation committed by a target that failed (router failover)."""
         prompt_ids = self.engine.encode(prompt_ids)  # validates ids against the vocabulary
         if len(prompt_ids) + params.max_new_tokens > self.engine.max_len:
             raise InvalidArgument(f"prompt ({len(prompt_ids)} tokens) plus max_new_tokens ({params.max_new_tokens}) "
                                   f"exceeds the model's context of {self.engine.max_len} tokens")
+        check_resumed(resumed_ids, params, self.engine.runner.vocab_size)
         kv_tokens = self.kv.check_possible(len(prompt_ids), params.max_new_tokens)
         with self.cond:
             if self.broken is not None:
@@ -89,7 +91,7 @@ class TargetWorker(DraftIntake):
                 raise InvalidArgument(f"sequence {seq_id!r} is already admitted")
             self.kv.check_room(self.seqs, kv_tokens)
         with self.model_lock:  # opened (not prefilled yet) on every tensor-parallel rank
-            seq, session = self.mirror.admit(self.engine, prompt_ids, params)
+            seq, session = self.mirror.admit(self.engine, prompt_ids, params, resumed_ids)
         state = SeqState(seq, expect_drafts and session is None, session=session,
                          version=seq.version, context_len=len(seq.context), kv_tokens=kv_tokens,
                          trace_parent=self.telemetry.current_context(), owner_key=owner_key, draft_key=draft_key)

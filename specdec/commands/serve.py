@@ -92,7 +92,7 @@ def run_stack(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    stack = start_stack(config, echo=lambda line: sys.stderr.write(line))
+    stack = start_stack(config, echo=lambda line: sys.stderr.write(line), supervise=True)  # restarts what dies
     try:
         print(f"specdec stack ready: router on {stack.address} "
               f"(targets {', '.join(p.address for p in stack.targets)}; "

@@ -58,6 +58,21 @@ def accept(p_x: float, q_x: float, generator: torch.Generator | Draws | None) ->
     return float(torch.rand((), generator=generator)) * q_x < p_x
 
 
+MASK64 = (1 << 64) - 1
+
+
+def step_seed(seed: int, position: int) -> int:
+    """The seed of a seeded sequence's draws at one step: a function of the request's seed and the
+    number of committed tokens (prompt included) only. So the random state of a step does not depend
+    on how many draws earlier steps took, nor on which process made them: a generation resumed on
+    another target (router failover) draws exactly what the first target would have drawn next.
+    splitmix64 of the pair, so neighbouring positions get unrelated seeds."""
+    z = (seed * 0x9E3779B97F4A7C15 + position + 0x632BE59BD9B4E019) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
 def make_generator(seed: int | None) -> torch.Generator:
     """A CPU generator: seeded for reproducible runs, otherwise from fresh entropy."""
     generator = torch.Generator()

@@ -53,8 +53,35 @@ def _abort(context: grpc.ServicerContext, exc: BaseException):
     context.abort(code, message)
 
 
+class Unparsable:
+    """A request message that did not parse (say, a string field that is not UTF-8). gRPC itself would
+    answer it with INTERNAL ("Exception deserializing request!"), which reads as a server fault; the
+    handler answers INVALID_ARGUMENT with the parser's reason instead."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def _lenient(deserialize):
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes):
+        try:
+            return deserialize(data)
+        except Exception as exc:  # noqa: BLE001 - whatever the parser raises, the message is malformed
+            return Unparsable(f"{type(exc).__name__}: {exc}")
+    return parse
+
+
+def _refuse_unparsable(request, context) -> None:
+    if isinstance(request, Unparsable):
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request message does not parse: {request.reason}")
+
+
 def _wrap_unary(behavior):
     def handler(request_or_iterator, context):
+        _refuse_unparsable(request_or_iterator, context)
         try:
             return behavior(request_or_iterator, context)
         except Exception as exc:  # noqa: BLE001 - the point of this interceptor
@@ -66,6 +93,7 @@ def _wrap_unary(behavior):
 
 def _wrap_stream(behavior):
     def handler(request_or_iterator, context):
+        _refuse_unparsable(request_or_iterator, context)
         try:
             yield from behavior(request_or_iterator, context)
         except Exception as exc:  # noqa: BLE001
@@ -82,12 +110,13 @@ class StatusInterceptor(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
-        if handler.unary_unary:
+        if handler.unary_unary:  # a single request message: one that does not parse is INVALID_ARGUMENT
             return grpc.unary_unary_rpc_method_handler(
-                _wrap_unary(handler.unary_unary), handler.request_deserializer, handler.response_serializer)
+                _wrap_unary(handler.unary_unary), _lenient(handler.request_deserializer), handler.response_serializer)
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
-                _wrap_stream(handler.unary_stream), handler.request_deserializer, handler.response_serializer)
+                _wrap_stream(handler.unary_stream), _lenient(handler.request_deserializer),
+                handler.response_serializer)
         if handler.stream_unary:
             return grpc.stream_unary_rpc_method_handler(
                 _wrap_unary(handler.stream_unary), handler.request_deserializer, handler.response_serializer)

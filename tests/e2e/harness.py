@@ -22,9 +22,10 @@ def stack_config(models, drafter: str = "draft", pipeline: bool = True, **target
 
 
 @contextlib.contextmanager
-def running_stack(config: StackConfig, env: dict | None = None):
-    """env: extra environment variables of every process (OTEL_* for the tracing tests)."""
-    stack = start_stack(config, env={**ENV, **(env or {})})
+def running_stack(config: StackConfig, env: dict | None = None, supervise: bool = False):
+    """env: extra environment variables of every process (OTEL_* for the tracing tests); supervise:
+    restart processes that die, as `specdec serve` does."""
+    stack = start_stack(config, env={**ENV, **(env or {})}, supervise=supervise)
     try:
         yield stack
     finally:

@@ -10,20 +10,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("sequence_id", "prompt_ids", "params", "expect_drafts", "owner_key", "draft_key")
+    __slots__ = ("sequence_id", "prompt_ids", "params", "expect_drafts", "owner_key", "draft_key", "resumed_ids")
     SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     EXPECT_DRAFTS_FIELD_NUMBER: _ClassVar[int]
     OWNER_KEY_FIELD_NUMBER: _ClassVar[int]
     DRAFT_KEY_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_IDS_FIELD_NUMBER: _ClassVar[int]
     sequence_id: str
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     params: _common_pb2.SamplingParams
     expect_drafts: bool
     owner_key: str
     draft_key: str
-    def __init__(self, sequence_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., expect_drafts: _Optional[bool] = ..., owner_key: _Optional[str] = ..., draft_key: _Optional[str] = ...) -> None: ...
+    resumed_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, sequence_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., expect_drafts: _Optional[bool] = ..., owner_key: _Optional[str] = ..., draft_key: _Optional[str] = ..., resumed_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Commit(_message.Message):
     __slots__ = ("sequence_id", "version", "token_ids", "text", "num_drafted", "num_accepted", "verify_s", "prefill_s", "finish_reason", "draft_budget")

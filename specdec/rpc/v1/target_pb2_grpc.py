@@ -62,8 +62,9 @@ class TargetWorkerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Admit(self, request, context):
-        """Admits a sequence (prefills its prompt) and streams its commits until it finishes. The first
-        message is the admission (version 0, no tokens). Cancelling the call releases the sequence.
+        """Admits a sequence (prefills its prompt and any resumed tokens) and streams its commits until it
+        finishes. The first message is the admission (version 0, no tokens). Cancelling the call
+        releases the sequence.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
