@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 
-.PHONY: setup model run proto test bench bench-workloads bench-quick deploy undeploy status clean
+.PHONY: setup model run proto test bench bench-workloads bench-quick deploy undeploy status gpu-wheels clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -73,6 +73,28 @@ undeploy: setup
 
 status: setup
 	$(PY) -m specdec.cli deploy status $(DEPLOY_ARGS)
+# Wheels benchmarks/gpu_check.py needs on a GPU machine that has no package index but brings torch with
+# CUDA, transformers, tokenizers, safetensors and pyyaml: specdec's other imports, pinned as pyproject.toml
+# pins them (grpcio and protobuf too: the committed stubs need these versions). Binary wheels for each
+# Python in GPU_PYTHONS (manylinux x86_64), into the ignored vendor/gpu-wheels (~30 MB). On the GPU machine:
+#   pip install --no-index --no-deps --find-links vendor/gpu-wheels --target .gpu-site -r vendor/gpu-wheels/requirements.txt
+#   PYTHONPATH=.gpu-site:. python benchmarks/gpu_check.py --out benchmarks/results/gpu
+GPU_WHEELS := vendor/gpu-wheels
+GPU_PYTHONS ?= 3.10 3.11 3.12
+GPU_BINARY := grpcio==1.85.1 protobuf==7.36.2 MarkupSafe==3.0.4
+GPU_PURE := grpcio-health-checking==1.85.1 grpcio-reflection==1.85.1 Jinja2==3.1.6 opentelemetry-api==1.45.2 \
+	opentelemetry-sdk==1.45.2 opentelemetry-semantic-conventions==0.66b2 prometheus-client==0.26.0 \
+	typing-extensions==4.16.0
+gpu-wheels: setup
+	mkdir -p $(GPU_WHEELS)
+	for v in $(GPU_PYTHONS); do \
+		$(PY) -m pip download -q --no-deps --only-binary=:all: --implementation cp --python-version $$v \
+			--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+			-d $(GPU_WHEELS) $(GPU_BINARY) || exit 1; \
+	done
+	$(PY) -m pip download -q --no-deps --only-binary=:all: -d $(GPU_WHEELS) $(GPU_PURE)
+	printf '%s\n' $(GPU_BINARY) $(GPU_PURE) > $(GPU_WHEELS)/requirements.txt
+	ls $(GPU_WHEELS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

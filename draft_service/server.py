@@ -30,7 +30,8 @@ class DraftServicer(draft_pb2_grpc.DraftWorkerServicer):
     def GetWorkerInfo(self, request, context):
         ids, served = self.worker.info()
         return common_pb2.WorkerInfo(kind="draft", model_path=self.model_path, vocab_size=self.vocab_size,
-                                     sequence_ids=ids, drafter=self.worker.config.drafter, num_served=served)
+                                     sequence_ids=ids, drafter=self.worker.config.drafter, num_served=served,
+                                     device=str(getattr(getattr(self.worker.drafter, "runner", None), "device", "")))
 
 
 def build_drafter(config: DraftConfig):
@@ -49,8 +50,9 @@ def build_drafter(config: DraftConfig):
     from specdec.drafters import RANDOM_DRAFT, no_draft_model_reason
     from specdec.drafters.draft_model import DraftModelConfig, DraftModelDrafter
     from specdec.errors import InvalidArgument
-    from specdec.models.loader import load_model, pick_dtype, random_draft_path, resolve_path
-    from specdec.models.runner import ModelRunner, load_vocab_ids
+    from specdec.device import placement
+    from specdec.models.loader import load_model, random_draft_path, resolve_path
+    from specdec.models.runner import ModelRunner, RunnerConfig, load_vocab_ids
 
     target_dir = resolve_path(config.target_model)
     target_config = AutoConfig.from_pretrained(target_dir, local_files_only=True)
@@ -65,11 +67,12 @@ def build_drafter(config: DraftConfig):
         except (OSError, ValueError, TypeError):
             tokenizer = None
         path = random_draft_path(SimpleNamespace(model=SimpleNamespace(config=target_config), tokenizer=tokenizer))
-    draft = load_model(path, pick_dtype(config.dtype))
+    device, dtype = placement(config.device, config.dtype)  # its own device: a small GPU, or the CPU
+    draft = load_model(path, dtype, device=device)
     if draft.model.config.vocab_size != target_config.vocab_size:
         raise InvalidArgument(f"draft vocabulary ({draft.model.config.vocab_size}) differs from the target's "
                               f"({target_config.vocab_size})")
-    drafter = DraftModelDrafter(ModelRunner(draft.model, load_vocab_ids(path)),
+    drafter = DraftModelDrafter(ModelRunner(draft.model, load_vocab_ids(path), RunnerConfig(kv_cache=config.kv_cache)),
                                 DraftModelConfig(tree_width=config.tree_width, q_top_n=config.q_top_n))
     return drafter, str(Path(path)), draft.model.config.vocab_size
 

@@ -94,6 +94,8 @@ class DraftSeq:
 class DraftWorker:
     def __init__(self, drafter, config: DraftConfig, telemetry: Telemetry | None = None):
         self.drafter = drafter
+        # sampling generators live where the draft model's q does (n-gram drafters have no model: the CPU)
+        self.device = getattr(getattr(drafter, "runner", None), "device", "cpu")
         self.config = config
         self.telemetry = telemetry or Telemetry.off()
         self.lock = threading.Lock()
@@ -123,7 +125,7 @@ class DraftWorker:
             self.policy.add(seq_id)
             self.seqs[seq_id] = DraftSeq(
                 seq_id, link, params, list(prompt_ids), self.drafter.new_session(),
-                None if params.greedy else make_generator(None),
+                None if params.greedy else make_generator(None, self.device),
                 time.monotonic() + timeout_s if timeout_s > 0 else float("inf"), prompt_len=len(prompt_ids),
                 trace_parent=self.telemetry.current_context(), owner_key=owner_key, draft_key=draft_key)
         self.events.put(("start", seq_id))

@@ -10,7 +10,9 @@ sequences step after step, so the stacked cache is kept, lent out of the sequenc
     lens   [B]                       entries per row
 
 After a verify forward appended N columns at [L, L + N), `commit` moves each row's root and
-accepted path to [lens[i], lens[i] + 1 + accepted) and trims the tensor to the longest row. This is
+accepted path to [lens[i], lens[i] + 1 + accepted) and trims the cache to the longest row (a
+preallocated cache, `specdec.models.static_cache`: all rows of all layers in one gather and one
+scatter, and a trim that only sets its length; a DynamicCache: two copies per layer and a slice). This is
 the only KV commit there is: a single sequence is a batch of one (its own cache, lent without a copy). The
 shapes and the unmasked values are exactly those that stacking afresh would give, so outputs are
 bitwise the same. When the batch changes, or a sequence is stepped alone, the rows go back to the
@@ -22,16 +24,18 @@ import torch
 from transformers import DynamicCache
 
 from specdec.core import kv
+from specdec.models.static_cache import StaticKVCache
 
 
 class BatchCache:
     def __init__(self, runner):
         self.runner = runner
         self.seqs: list = []  # the sequences whose caches are lent here, in row order
-        self.cache: DynamicCache | None = None
+        self.cache: DynamicCache | StaticKVCache | None = None
         self.lens: list[int] = []
+        self.capacities: list[int] = []  # each sequence's own cache capacity (static caches), for release
 
-    def take(self, seqs: list) -> tuple[DynamicCache, list[int]]:
+    def take(self, seqs: list) -> tuple[DynamicCache | StaticKVCache, list[int]]:
         """The stacked cache of seqs (in this order) and their lengths, reusing the last batch's if the same."""
         if len(seqs) == len(self.seqs) and all(a is b for a, b in zip(seqs, self.seqs)):
             return self.cache, self.lens
@@ -40,6 +44,7 @@ class BatchCache:
             if seq.cache_lender is not None:  # lent to another pool: take it back first
                 seq.cache_lender.release()
         self.lens = [kv.num_cached(s.cache) for s in seqs]
+        self.capacities = [getattr(s.cache, "capacity", 0) for s in seqs]
         # a batch of one is its sequence's own cache, no copy
         self.cache = seqs[0].cache if len(seqs) == 1 else stack_caches(self.runner, [s.cache for s in seqs], self.lens)
         self.seqs = list(seqs)
@@ -52,46 +57,67 @@ class BatchCache:
         """After a forward appended N columns at L: row i keeps L + r for r in keep_new[i] (ascending)."""
         start = max(self.lens)
         new_lens = [n + len(rows) for n, rows in zip(self.lens, keep_new)]
-        sources = [torch.tensor(rows, dtype=torch.long) + start for rows in keep_new]
-        end = max(new_lens)
         # a row whose kept columns already sit where they belong (a batch of one accepting a chain
         # prefix) needs no copy
         moves = [i for i, rows in enumerate(keep_new) if self.lens[i] != start or rows != list(range(len(rows)))]
-        for layer in self.cache.layers:
-            if layer.keys is None or layer.keys.numel() == 0:
-                continue
-            for i in moves:  # index_select copies before the (maybe overlapping) write
-                src = sources[i]
-                layer.keys[i, :, self.lens[i]:new_lens[i]] = layer.keys[i].index_select(1, src)
-                layer.values[i, :, self.lens[i]:new_lens[i]] = layer.values[i].index_select(1, src)
-            layer.keys = layer.keys[:, :, :end]
-            layer.values = layer.values[:, :, :end]
+        if moves and isinstance(self.cache, StaticKVCache):
+            _move_static(self.cache, moves, [self.lens[i] for i in moves], [keep_new[i] for i in moves], start)
+        elif moves:
+            sources = {i: torch.tensor(keep_new[i], dtype=torch.long) + start for i in moves}
+            for layer in self.cache.layers:
+                if layer.keys is None or layer.keys.numel() == 0:
+                    continue
+                for i in moves:  # index_select copies before the (maybe overlapping) write
+                    src = sources[i].to(layer.keys.device)
+                    layer.keys[i, :, self.lens[i]:new_lens[i]] = layer.keys[i].index_select(1, src)
+                    layer.values[i, :, self.lens[i]:new_lens[i]] = layer.values[i].index_select(1, src)
+        kv.trim(self.cache, max(new_lens))
         self.lens = new_lens
 
     @torch.inference_mode()
     def rollback(self) -> None:
         """Undo a failed step: drop whatever a forward appended or a commit half moved. Entries below
         each row's length are never written by a step, so trimming restores the state before it."""
-        if self.cache is None:
-            return
-        end = max(self.lens)
-        for layer in self.cache.layers:
-            if layer.keys is not None and layer.keys.numel() and layer.keys.shape[2] > end:
-                layer.keys = layer.keys[:, :, :end]
-                layer.values = layer.values[:, :, :end]
+        if self.cache is not None:
+            kv.trim(self.cache, max(self.lens))
 
     def release(self) -> None:
         """Give every unfinished sequence its own cache back (rows [0, lens[i]) of the stack)."""
         for i, seq in enumerate(self.seqs):
             seq.cache_lender = None
             if seq.finish_reason is None:
-                seq.cache = self.cache if len(self.seqs) == 1 else select_row(self.runner, self.cache, i, self.lens[i])
-        self.seqs, self.cache, self.lens = [], None, []
+                seq.cache = (self.cache if len(self.seqs) == 1 else
+                             select_row(self.runner, self.cache, i, self.lens[i], self.capacities[i]))
+        self.seqs, self.cache, self.lens, self.capacities = [], None, [], []
 
 
-def stack_caches(runner, caches: list[DynamicCache], lens: list[int]) -> DynamicCache:
-    """Left-aligned caches -> one cache [B, heads, max(lens), head_dim], zero-padded."""
-    cache, max_len = runner.new_cache(), max(lens)
+def _move_static(cache: StaticKVCache, rows: list[int], lens: list[int], keep: list[list[int]], start: int) -> None:
+    """Row rows[j] keeps columns start + keep[j] at [lens[j], lens[j] + len(keep[j])): every layer,
+    keys and values, all rows at once. The gather copies before the scatter writes (they may overlap)."""
+    device = cache.store.device
+    batch_rows = torch.tensor([r for r, k in zip(rows, keep) for _ in k], dtype=torch.long, device=device)  # [M]
+    src = torch.tensor([start + c for k in keep for c in k], dtype=torch.long, device=device)  # [M]
+    dst = torch.tensor([n + j for n, k in zip(lens, keep) for j in range(len(k))], dtype=torch.long, device=device)
+    store = cache.store  # [layers, 2, batch, kv_heads, capacity, head_dim]
+    store[:, :, batch_rows, :, dst] = store[:, :, batch_rows, :, src]  # [M, layers, 2, kv_heads, head_dim]
+
+
+def stack_caches(runner, caches: list, lens: list[int]):
+    """Left-aligned caches -> one cache [B, heads, max(lens), head_dim], zero-padded (a static cache:
+    capacity the largest of theirs, so every row keeps the room its sequence was given)."""
+    max_len = max(lens)
+    if isinstance(caches[0], StaticKVCache):
+        out = runner.new_cache(max(c.capacity for c in caches))
+        ref = next((c.store for c in caches if c.store is not None), None)
+        if ref is None:  # nothing cached anywhere yet: allocated by the first forward, batch-wide
+            return out
+        store = ref.new_zeros(ref.shape[0], 2, len(caches), ref.shape[3], out.capacity, ref.shape[5])
+        for i, c in enumerate(caches):
+            if lens[i]:
+                store[:, :, i, :, :lens[i]] = c.store[:, :, 0, :, :lens[i]]
+        out.adopt(store, max_len)
+        return out
+    cache = runner.new_cache()
     for layer_idx in range(len(caches[0].layers)):
         layers = [c.layers[layer_idx] for c in caches]
         ref = next(layer.keys for layer in layers if layer.keys is not None and layer.keys.numel())
@@ -105,8 +131,16 @@ def stack_caches(runner, caches: list[DynamicCache], lens: list[int]) -> Dynamic
     return cache
 
 
-def select_row(runner, cache: DynamicCache, row: int, length: int) -> DynamicCache:
-    """Row `row`'s first `length` entries as a cache of its own."""
+def select_row(runner, cache, row: int, length: int, capacity: int = 0):
+    """Row `row`'s first `length` entries as a cache of its own (a static one of `capacity` entries)."""
+    if isinstance(cache, StaticKVCache):
+        out = runner.new_cache(max(capacity, length))
+        if cache.store is not None:
+            store = cache.store.new_zeros(*cache.store.shape[:2], 1, cache.store.shape[3], out.capacity,
+                                          cache.store.shape[5])
+            store[:, :, 0, :, :length] = cache.store[:, :, row, :, :length]
+            out.adopt(store, length)
+        return out
     out = runner.new_cache()
     for layer_idx, layer in enumerate(cache.layers):
         out.update(layer.keys[row:row + 1, :, :length].clone(), layer.values[row:row + 1, :, :length].clone(),

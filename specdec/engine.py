@@ -16,12 +16,13 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
-from specdec.core.types import GenerationOutput, GenerationStats, SamplingParams, tally_accepted
+from specdec.core.types import DEFAULT_KV_CACHE, GenerationOutput, GenerationStats, SamplingParams, tally_accepted
 from specdec.drafters import build_drafter
 from specdec import parallel
 from specdec.errors import InvalidArgument
-from specdec.models.loader import LoadedModel, load_model, pick_dtype, resolve_path
-from specdec.models.runner import ModelRunner
+from specdec.device import placement
+from specdec.models.loader import LoadedModel, load_model, resolve_path
+from specdec.models.runner import ModelRunner, RunnerConfig
 from specdec.parallel import check_tp_degree
 from specdec.policy import PolicyConfig, SpeculationPolicy
 from specdec.sequence import Sequence
@@ -37,6 +38,7 @@ class EngineConfig:
     adaptive: bool = True  # follow acceptance and cost (see adaptive.py); False = always the maximum
     max_tree_nodes: int = 64
     policy: PolicyConfig | None = None  # the speculation policy's knobs (None: from the two fields above)
+    runner: RunnerConfig = RunnerConfig()  # how the target's (and a draft model's) forwards run: KV cache kind
 
     def __post_init__(self) -> None:
         if not 1 <= self.num_speculative_tokens <= self.max_tree_nodes:
@@ -57,7 +59,7 @@ class Engine:
     def __init__(self, target: LoadedModel, drafter=None, config: EngineConfig = EngineConfig()):
         self.target = target
         self.tokenizer = target.tokenizer
-        self.runner = ModelRunner(target.model)
+        self.runner = ModelRunner(target.model, config=config.runner)
         self.drafter = drafter
         self.config = config
         self.max_len = getattr(target.model.config, "max_position_embeddings", None) or 1 << 30
@@ -66,19 +68,26 @@ class Engine:
     @classmethod
     def from_pretrained(cls, target: str | None = None, drafter: str = "none", draft: str | None = None,
                         *, dtype: str = "auto", num_speculative_tokens: int = 8, adaptive: bool = True,
-                        tp: int = 1, **drafter_options) -> Engine:
-        """target None = the embedded SmolLM2-135M-Instruct; drafter none | ngram | draft | medusa | eagle."""
-        config = EngineConfig(num_speculative_tokens=num_speculative_tokens, adaptive=adaptive)
-        torch_dtype = pick_dtype(dtype)
+                        tp: int = 1, kv_cache: str = DEFAULT_KV_CACHE, device: str = "auto",
+                        cuda_graphs: bool = False, **drafter_options) -> Engine:
+        """target None = the embedded SmolLM2-135M-Instruct; drafter none | ngram | draft | medusa | eagle.
+        kv_cache: static (preallocated, the default) | dynamic (transformers' DynamicCache).
+        device: auto (cuda when a GPU is visible, else cpu) | cpu | cuda | cuda:N; under tp each rank
+        takes its own GPU. A draft model runs on the target's device.
+        cuda_graphs: verify forwards as CUDA graphs for padded shapes (specdec.graphs; eager on a CPU)."""
+        runner = RunnerConfig(kv_cache=kv_cache, cuda_graphs=cuda_graphs)
+        config = EngineConfig(num_speculative_tokens=num_speculative_tokens, adaptive=adaptive, runner=runner)
+        torch_device, torch_dtype = placement(device, dtype, tp)  # refused here, before any weight loads
         if tp > 1:
             from transformers import AutoConfig
 
             check_tp_degree(AutoConfig.from_pretrained(resolve_path(target), local_files_only=True), tp)
-            if parallel.init_from_env() != tp:
+            if parallel.init_from_env(device=torch_device) != tp:
                 raise InvalidArgument(f"tp={tp} needs {tp} processes in a torch.distributed group: "
                                       f"run `specdec generate --tp {tp} ...` or torchrun --nproc-per-node {tp}")
-        loaded = load_model(target, torch_dtype, tp_degree=tp)
-        return cls(loaded, build_drafter(drafter, loaded, draft, drafter_options, torch_dtype), config)
+        loaded = load_model(target, torch_dtype, tp_degree=tp, device=torch_device)
+        draft_runner = dataclasses.replace(runner, cuda_graphs=False)  # a draft model steps one row at a time
+        return cls(loaded, build_drafter(drafter, loaded, draft, drafter_options, torch_dtype, draft_runner), config)
 
     def new_policy(self, load_aware: bool = True) -> SpeculationPolicy:
         """The speculation policy for this engine's sequences (depth, node budget, acceptance)."""

@@ -18,6 +18,7 @@ the lost one was in after the same tokens. A seeded sampled sequence reseeds its
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -52,11 +53,12 @@ class Sequence:
         self.num_opened = len(self.context)  # what prefill puts in the cache (all but the last of these)
         self.version = 0  # bumped at every commit; drafts name the version they were built on
         self.eos_ids = frozenset() if params.ignore_eos else eos_ids
-        self.generator = None if params.greedy else make_generator(self._step_seed())
+        self.generator = None if params.greedy else make_generator(self._step_seed(), runner.device)
         self.text = TextStream(tokenizer, params.stop)
         if resumed_ids:  # their text was sent by the target that generated them
             self.text.push(list(resumed_ids))
-        self.cache = runner.new_cache()
+        # room for every token it may commit plus one verify forward's rows (a static cache never grows then)
+        self.cache = runner.new_cache(len(self.prompt_ids) + params.max_new_tokens + runner.max_rows)
         self.cache_lender = None  # a BatchCache holding this cache stacked with others (cache is None then)
         self.finish_reason: str | None = None
         self.hidden: torch.Tensor | None = None  # [hidden] target feature at the last root (self-drafting heads)
@@ -101,10 +103,15 @@ class Sequence:
     def num_remaining(self) -> int:
         return self.params.max_new_tokens - len(self.text.token_ids)
 
-    def verify(self, tree: DraftTree, layout: TreeLayout, logits: torch.Tensor) -> VerifyResult:
-        """logits: [rows, vocab] of the verify forward over [root] + tree."""
+    def verify(self, tree: DraftTree, layout: TreeLayout, logits: torch.Tensor,
+               argmax: list[int] | None = None) -> VerifyResult:
+        """logits: [rows, vocab] of the verify forward over [root] + tree (on the model's device);
+        argmax: their argmax per row, already on the host (the step copies a batch's at once)."""
         if self.params.greedy:
-            return verify_greedy(tree, layout, logits.argmax(dim=-1).tolist())
+            return verify_greedy(tree, layout, logits.argmax(dim=-1).tolist() if argmax is None else argmax)
+        q = tree.q
+        if q is not None and q.device != logits.device:  # a draft from the wire or another device's drafter
+            tree = dataclasses.replace(tree, q=q.to(logits.device, non_blocking=True))
         return verify_sampling(tree, layout, warp(logits, self.params), self.generator)
 
     def commit_verified(self, tree: DraftTree, layout: TreeLayout, result: VerifyResult, hidden: torch.Tensor,

@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdec.core.types import DEFAULT_KV_CACHE, check_device_name, check_kv_cache
 from specdec.errors import InvalidArgument
 from specdec.security_config import LOOPBACK, SecurityConfig
 
@@ -57,8 +58,20 @@ class TargetConfig:
     advertise_host: str | None = None  # the host others dial (the ready line's); None = host (a wildcard: this machine's name)
     drain_timeout_s: float = 30.0  # on SIGTERM: admit nothing new, let running sequences finish this long, then exit
     security: SecurityConfig = SecurityConfig()  # who may call (specdec/security_config.py)
+    kv_cache: str = DEFAULT_KV_CACHE  # static (preallocated) | dynamic (transformers' DynamicCache)
+    # auto (cuda when a GPU is visible, else cpu) | cpu | cuda | cuda:N; with tp each rank takes its own GPU
+    device: str = "auto"
+    # On a GPU: the share of the GPU's memory this worker may fill (weights, activations, KV cache); the
+    # KV budget is what is left of it after loading (vLLM's gpu_memory_utilization). max_kv_tokens > 0
+    # overrides it; on a CPU the budget stays max_kv_tokens or max_sequences x the model's context.
+    gpu_memory_fraction: float = 0.9
+    cuda_graphs: bool = False  # verify forwards as CUDA graphs for padded shapes (eager on a CPU or under tp)
 
     def __post_init__(self) -> None:
+        check_kv_cache(self.kv_cache)
+        check_device_name(self.device)
+        if not 0.0 < self.gpu_memory_fraction <= 1.0:
+            raise InvalidArgument(f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}")
         if (self.draft_wait_s < 0 or self.drain_timeout_s < 0 or self.batch_wait_s < 0 or self.max_missed_drafts < 0 or self.max_tree_nodes < 1
                 or self.max_sequences < 1 or self.max_draft_links < 1 or self.prefill_chunk_tokens < 1
                 or self.max_batch < 1 or self.max_kv_tokens < 0 or self.tp < 1 or self.metrics_port < -1):
@@ -86,8 +99,12 @@ class DraftConfig:
     advertise_host: str | None = None
     drain_timeout_s: float = 30.0  # on SIGTERM: attach nothing new, draft for attached sequences this long at most
     security: SecurityConfig = SecurityConfig()
+    kv_cache: str = DEFAULT_KV_CACHE  # the draft model's KV cache: static | dynamic
+    device: str = "auto"  # the draft model's device: auto | cpu | cuda | cuda:N (its own GPU, if it has one)
 
     def __post_init__(self) -> None:
+        check_kv_cache(self.kv_cache)
+        check_device_name(self.device)
         if self.drafter not in ("ngram", "suffix", "draft"):
             raise InvalidArgument(f"drafter must be ngram, suffix or draft, got {self.drafter!r}")
         if (self.num_speculative_tokens < 1 or self.drain_timeout_s < 0 or self.tree_width < 1 or self.q_top_n < 0

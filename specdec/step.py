@@ -67,9 +67,7 @@ def verify_step(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree
         hidden = runner.forward_batch(ids, cache, bias, positions)  # [B, N, hidden]
         num_rows = [layout.num_rows for layout in layouts]
         flat = torch.cat([hidden[i, :n] for i, n in enumerate(num_rows)])  # [sum rows, hidden]
-        logits = runner.logits(flat).split(num_rows)  # B x [rows_i, vocab]
-        verdicts = [seq.verify(tree, layout, logits[i])
-                    for i, (seq, tree, layout) in enumerate(zip(seqs, trees, layouts))]
+        verdicts = _verdicts(seqs, trees, layouts, runner.logits(flat), num_rows)
         if times is not None:
             times.forward_end = time.monotonic()
         if fault is not None:
@@ -109,23 +107,44 @@ def verify_each(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree
     return [verify_each(runner, [seq], [tree], pool, fault, times)[0] for seq, tree in zip(seqs, trees)]
 
 
+def _verdicts(seqs: list[Sequence], trees: list[DraftTree], layouts: list[TreeLayout], logits: torch.Tensor,
+              num_rows: list[int]) -> list:
+    """Each sequence's verdict from logits [sum rows, vocab] (on the model's device). Greedy rows
+    come to the host in one copy for the whole step (argmax [sum rows]); the tree walks then read
+    host lists, with no device sync per node."""
+    argmax = logits.argmax(dim=-1).tolist() if any(s.params.greedy for s in seqs) else None
+    per_seq = logits.split(num_rows)  # B x [rows_i, vocab]
+    verdicts, offset = [], 0
+    for seq, tree, layout, rows, n in zip(seqs, trees, layouts, per_seq, num_rows):
+        verdicts.append(seq.verify(tree, layout, rows, None if argmax is None else argmax[offset:offset + n]))
+        offset += n
+    return verdicts
+
+
 def _pack(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree], layouts: list[TreeLayout],
           cache_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """ids [B, N], bias [B, 1, N, L + N], positions [B, N] for one padded verify forward."""
+    """ids [B, N], bias [B, 1, N, L + N], positions [B, N] for one padded verify forward, on the
+    model's device. The per-sequence pieces (tokens, depths, tree masks: host data) are laid out on
+    the host and copied over once; the cache part of the mask is made on the device."""
     num_rows = [layout.num_rows for layout in layouts]
     max_len, max_rows, batch = max(cache_lens), max(num_rows), len(seqs)
-    ids = torch.zeros(batch, max_rows, dtype=torch.long)
-    positions = torch.zeros(batch, max_rows, dtype=torch.long)
-    bias = torch.full((batch, 1, max_rows, max_len + max_rows), torch.finfo(runner.dtype).min, dtype=runner.dtype)
-    for i, (seq, tree, layout) in enumerate(zip(seqs, trees, layouts)):
+    ids = torch.zeros(batch, max_rows, dtype=torch.long, device="cpu")
+    depths = torch.zeros(batch, max_rows, dtype=torch.long, device="cpu")
+    tree = torch.eye(max_rows, dtype=torch.bool, device="cpu").repeat(batch, 1, 1)  # [B, N, N] padding: itself
+    for i, (seq, draft, layout) in enumerate(zip(seqs, trees, layouts)):
         n = num_rows[i]
-        ids[i, :n] = torch.tensor([seq.context[-1], *tree.token_ids])
-        positions[i, :n] = torch.tensor(layout.depths) + cache_lens[i]
-        positions[i, n:] = cache_lens[i]
-        bias[i, 0, :n, :cache_lens[i]] = 0.0
-        bias[i, 0, :n, max_len:max_len + n].masked_fill_(layout.mask, 0.0)
-        pad = torch.arange(n, max_rows)
-        bias[i, 0, pad, max_len + pad] = 0.0
+        ids[i, :n] = torch.tensor([seq.context[-1], *draft.token_ids], device="cpu")
+        depths[i, :n] = torch.tensor(layout.depths, device="cpu")
+        tree[i, :n, :n] = layout.mask
+    device = runner.device
+    lens = torch.tensor(cache_lens, dtype=torch.long, device="cpu")
+    real = torch.arange(max_rows, device="cpu")[None, :] < torch.tensor(num_rows, device="cpu")[:, None]  # [B, N]
+    ids, depths, tree, lens, real = (t.to(device, non_blocking=True) for t in (ids, depths, tree, lens, real))
+    positions = depths + lens[:, None]  # padding rows: at the sequence's length, depth 0
+    sees_cache = torch.arange(max_len, device=device)[None, :] < lens[:, None]  # [B, L]
+    allowed = torch.cat([sees_cache[:, None, :] & real[:, :, None], tree], dim=2)  # [B, N, L + N]
+    bias = torch.zeros(batch, 1, max_rows, max_len + max_rows, dtype=runner.dtype, device=device)
+    bias.masked_fill_(~allowed[:, None], torch.finfo(runner.dtype).min)
     return ids, bias, positions
 
 

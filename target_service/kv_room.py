@@ -33,7 +33,7 @@ class KvRoom:
     def check_possible(self, prompt_len: int, max_new_tokens: int) -> int:
         """The tokens to reserve; INVALID_ARGUMENT if even an empty cache could not hold them."""
         return tokens_needed(prompt_len, max_new_tokens, self.capacity_tokens,
-                             "this target's whole cache", " (--max-kv-tokens)")
+                             "this target's whole cache", " (--max-kv-tokens, or on a GPU --gpu-memory-fraction)")
 
     def check_room(self, seqs: Mapping[str, object], need: int) -> None:
         """RESOURCE_EXHAUSTED unless one more sequence of `need` tokens fits beside `seqs` now."""

@@ -74,6 +74,9 @@ class TargetServicer(target_pb2_grpc.TargetWorkerServicer):
                                      max_batch=self.worker.config.max_batch,
                                      tp_degree=self.worker.config.tp,
                                      drafter="" if engine.drafter is None else self.worker.config.drafter,
+                                     device=str(engine.runner.device),
+                                     kv_capacity_source=self.worker.kv_budget.source,
+                                     kv_bytes_per_token=self.worker.kv_budget.bytes_per_token,
                                      **_kv_fields(self.worker.kv_figures()))
 
 
@@ -106,23 +109,33 @@ def serve(config: TargetConfig) -> int:
 
     from specdec.drafters import build_drafter
     from specdec.engine import Engine, EngineConfig
-    from specdec.models.loader import load_model, pick_dtype
+    from specdec import kv_budget
+    from specdec.device import placement
+    from specdec.models.loader import load_model
+    from specdec.models.runner import RunnerConfig
     from target_service import tp, tp_group
 
     if config.tp > 1 and "WORLD_SIZE" not in os.environ:  # the launcher: this same command as N ranks
         return tp_group.launch(config)
-    rank = tp_group.join(config)
+    device, dtype = placement(config.device, config.dtype, config.tp)  # refusals before any weight loads
+    rank = tp_group.join(config, device)
     if config.num_threads > 0:
         torch.set_num_threads(config.num_threads)
-    dtype = pick_dtype(config.dtype)
-    loaded = load_model(config.model, dtype, tp_degree=config.tp)
-    engine_config = EngineConfig(num_speculative_tokens=config.num_speculative_tokens, adaptive=config.adaptive)
-    if rank > 0:  # a follower: no drafter, no gRPC, only rank 0's model calls
-        return tp.follow(Engine(loaded, None, engine_config))
-    engine = Engine(loaded, build_drafter(config.drafter, loaded, config.draft, {}, dtype), engine_config)
+    loaded = load_model(config.model, dtype, tp_degree=config.tp, device=device)
+    runner = RunnerConfig(kv_cache=config.kv_cache, cuda_graphs=config.cuda_graphs)
+    engine_config = EngineConfig(num_speculative_tokens=config.num_speculative_tokens, adaptive=config.adaptive,
+                                 runner=runner)
+    # a follower has no drafter, no gRPC, only rank 0's model calls
+    drafter = None if rank > 0 else build_drafter(config.drafter, loaded, config.draft, {}, dtype,
+                                                  RunnerConfig(kv_cache=config.kv_cache))
+    engine = Engine(loaded, drafter, engine_config)
+    budget = kv_budget.plan(engine, config.max_sequences, config.max_kv_tokens, config.max_batch,
+                            config.gpu_memory_fraction, config.tp)  # on GPUs a profiling forward: every rank
+    if rank > 0:
+        return tp.follow(engine)
     mirror = tp.Mirror(active=config.tp > 1)
     telemetry = setup_telemetry("target", config.metrics_port, config.host)
-    worker = TargetWorker(engine, config, mirror, telemetry=telemetry)
+    worker = TargetWorker(engine, config, mirror, telemetry=telemetry, kv_budget=budget)
     mirror.start(worker.model_lock)
     running = start_server(lambda s: target_pb2_grpc.add_TargetWorkerServicer_to_server(TargetServicer(worker), s),
                            ["specdec.v1.TargetWorker"], config.port, host=config.host,

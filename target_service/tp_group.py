@@ -38,8 +38,9 @@ def check(config: TargetConfig) -> None:
     parallel.check_tp_degree(AutoConfig.from_pretrained(resolve_path(config.model), local_files_only=True), config.tp)
 
 
-def join(config: TargetConfig) -> int:
-    """Join the group that a launcher or torchrun describes (RANK, WORLD_SIZE, ...); returns this rank."""
+def join(config: TargetConfig, device) -> int:
+    """Join the group that a launcher or torchrun describes (RANK, WORLD_SIZE, ...); returns this rank.
+    device: this rank's (cuda:LOCAL_RANK on GPUs: NCCL; the CPU: gloo)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != config.tp:
         raise InvalidArgument(f"--tp {config.tp} but WORLD_SIZE is {world}: pass --tp {world} "
@@ -47,7 +48,7 @@ def join(config: TargetConfig) -> int:
     if world == 1:
         return 0
     check(config)
-    parallel.init_from_env(timeout_s=COLLECTIVE_TIMEOUT_S)
+    parallel.init_from_env(timeout_s=COLLECTIVE_TIMEOUT_S, device=device)
     return torch.distributed.get_rank()
 
 
@@ -58,12 +59,16 @@ def launch(config: TargetConfig) -> int:
     SIGINT go to rank 0, which drains and stops the followers; when any rank ends, all are stopped.
     """
     check(config)
+    from specdec.device import placement
     from specdec.launch import _die_with_parent  # children die with their parent
+
+    device, _ = placement(config.device, config.dtype, config.tp)  # too few GPUs: refused before any rank starts
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(parallel.free_port()), WORLD_SIZE=str(config.tp))
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(parallel.free_port()), WORLD_SIZE=str(config.tp),
+               **parallel.rank_env(device.type))
     cmd = [sys.executable, "-m", "specdec.cli", "serve", "target", *config_to_argv(config)]
     ranks: list[subprocess.Popen] = []
     try:

@@ -24,6 +24,8 @@ from specdec.core.types import SamplingParams
 from specdec.engine import Engine
 from specdec.errors import Internal, InvalidArgument, PermissionDenied, Unavailable
 from specdec.keys import key_matches
+from specdec.kv_budget import KvBudget
+from specdec.kv_budget import plan as plan_kv_budget
 from specdec.policy import NO_CAP, is_sampled
 from specdec.rpc.v1 import target_pb2
 from specdec.serving_config import TargetConfig
@@ -46,7 +48,7 @@ class TargetWorker(DraftIntake):
     "prefill" (each prefill chunk, with its sequence); whatever it raises is handled as a real fault there."""
 
     def __init__(self, engine: Engine, config: TargetConfig, mirror: Mirror | None = None, fault=None,
-                 telemetry: Telemetry | None = None):
+                 telemetry: Telemetry | None = None, kv_budget: KvBudget | None = None):
         self.engine = engine
         self.telemetry = telemetry or Telemetry.off()
         self.fault = fault
@@ -63,8 +65,10 @@ class TargetWorker(DraftIntake):
         self.policy = engine.new_policy(load_aware=config.load_aware)  # under cond
         self.last_step_end = 0.0  # monotonic time the last verify step ended (batch formation)
         self.batch_cache = BatchCache(engine.runner)  # the last batch's stacked KV cache (decode thread only)
-        # KV budget, under cond; by default every slot may reach the full context
-        self.kv = KvRoom(config.max_kv_tokens or config.max_sequences * engine.max_len, config.max_sequences)
+        # KV budget, under cond: from the GPU's memory there, else configured or every slot at full context
+        self.kv_budget = kv_budget or plan_kv_budget(engine, config.max_sequences, config.max_kv_tokens,
+                                                     config.max_batch, config.gpu_memory_fraction, config.tp)
+        self.kv = KvRoom(self.kv_budget.capacity_tokens, config.max_sequences)
         self.instruments = TargetInstruments(self.telemetry.metrics, self.kv_figures)
         self.stopped = False
         self.draining = False  # SIGTERM: no new sequences, the running ones finish

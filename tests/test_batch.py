@@ -34,6 +34,7 @@ def test_kept_batch_cache_equals_stacking_afresh(tiny_target):
     import torch
 
     from specdec.batch_cache import BatchCache
+    from specdec.core import kv
     from specdec.step import verify_step
     from specdec.core.tree import DraftTree
     from specdec.sequence import Sequence
@@ -57,8 +58,8 @@ def test_kept_batch_cache_equals_stacking_afresh(tiny_target):
             seq.cache_lender.release()
     for x, y in zip(kept, afresh):
         assert x.context == y.context and x.version == y.version and x.cache_lender is None
-        for lx, ly in zip(x.cache.layers, y.cache.layers):
-            assert torch.equal(lx.keys, ly.keys) and torch.equal(lx.values, ly.values)
+        for (kx, vx), (ky, vy) in zip(kv.entries(x.cache), kv.entries(y.cache)):
+            assert torch.equal(kx, ky) and torch.equal(vx, vy)
 
 
 def test_a_failed_step_leaves_no_trace(tiny_target):

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from specdec.core.types import SamplingParams
+from specdec.core.types import DEFAULT_KV_CACHE, KV_CACHES, SamplingParams
 from specdec.drafters import DRAFTERS
 
 
@@ -35,6 +35,13 @@ def add_parser(subparsers) -> None:
     p.add_argument("--no-adaptive", action="store_true", help="always draft the maximum")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: run the engine as N processes")
+    p.add_argument("--device", default="auto",
+                   help="auto (cuda when a GPU is visible, else cpu) | cpu | cuda | cuda:N; with --tp each rank "
+                        "takes its own GPU")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="verify forwards as CUDA graphs for padded shapes (on a CPU: eager, said once)")
+    p.add_argument("--kv-cache", choices=KV_CACHES, default=DEFAULT_KV_CACHE,
+                   help="static: preallocated, committed by index bookkeeping; dynamic: transformers' DynamicCache")
     add_sampling_args(p)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
@@ -70,15 +77,19 @@ def run(args: argparse.Namespace) -> int:
         from transformers import AutoConfig
 
         from specdec import parallel
+        from specdec.device import placement
         from specdec.models.loader import resolve_path
 
+        device, _ = placement(args.device, args.dtype, args.tp)  # too few GPUs: refused before any rank starts
         parallel.check_tp_degree(AutoConfig.from_pretrained(resolve_path(args.target), local_files_only=True), args.tp)
-        return parallel.launch(args.argv, args.tp)
+        return parallel.launch(args.argv, args.tp, device_name=device.type)
     from specdec.engine import Engine
 
     engine = Engine.from_pretrained(target=args.target, drafter=args.drafter, draft=args.draft, dtype=args.dtype,
                                     num_speculative_tokens=args.num_speculative_tokens,
-                                    adaptive=not args.no_adaptive, tp=args.tp, **drafter_options(args))
+                                    adaptive=not args.no_adaptive, tp=args.tp, kv_cache=args.kv_cache,
+                                    device=args.device, cuda_graphs=args.cuda_graphs,
+                                    **drafter_options(args))
     return _print(args, lambda: engine.stream(args.prompt, params, chat=args.chat))
 
 

@@ -25,6 +25,9 @@ def add_parser(subparsers) -> None:
                    help="ngram / suffix / draft run in a draft worker; medusa / eagle heads run inside the target worker")
     p.add_argument("--draft", default=None, help="trained drafter checkpoint dir (draft, medusa, eagle)")
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--device", default="auto",
+                   help="target and draft worker's device: auto (cuda when a GPU is visible, else cpu) | cpu | cuda | "
+                        "cuda:N (for per-worker devices use --config or `serve target|draft --device`)")
     p.add_argument("--port", type=int, default=0, help="router gRPC port (0 = any free port)")
     p.add_argument("--http-port", type=int, default=0,
                    help="router's OpenAI-compatible HTTP API port (0 = any free port, -1 = none)")
@@ -78,17 +81,20 @@ def _stack_config(args: argparse.Namespace) -> StackConfig:
     if args.drafter in SELF_DRAFTERS:
         return StackConfig(router=router, drafts=(),
                            targets=(TargetConfig(model=args.target, dtype=args.dtype, drafter=args.drafter,
-                                                 draft=args.draft, metrics_port=workers),))
+                                                 draft=args.draft, metrics_port=workers, device=args.device),))
     return StackConfig(router=router,
-                       targets=(TargetConfig(model=args.target, dtype=args.dtype, metrics_port=workers),),
+                       targets=(TargetConfig(model=args.target, dtype=args.dtype, metrics_port=workers,
+                                             device=args.device),),
                        drafts=(DraftConfig(drafter=args.drafter, model=args.draft, target_model=args.target,
-                                           dtype=args.dtype, pipeline=not args.no_pipeline, metrics_port=workers),))
+                                           dtype=args.dtype, pipeline=not args.no_pipeline, metrics_port=workers,
+                                           device=args.device),))
 
 
 def run_stack(args: argparse.Namespace) -> int:
     from specdec.launch import start_stack
 
     config = stack_config(args)
+    check_devices(config)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -114,6 +120,17 @@ def run_stack(args: argparse.Namespace) -> int:
     finally:
         stack.stop()
     return 0
+
+
+def check_devices(config: StackConfig) -> None:
+    """A GPU asked for where none is (or too few for a target's --tp): one line here, before any
+    worker starts, rather than a worker dying during start-up."""
+    workers = [(t.device, t.tp) for t in config.targets] + [(d.device, 1) for d in config.drafts if d.drafter == "draft"]
+    if any(device.startswith("cuda") for device, _ in workers):
+        from specdec.device import resolve_device
+
+        for device, tp in workers:
+            resolve_device(device, tp)
 
 
 def demo_drafter(config: StackConfig) -> str:

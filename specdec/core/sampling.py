@@ -55,7 +55,8 @@ def accept(p_x: float, q_x: float, generator: torch.Generator | Draws | None) ->
     """True with probability min(1, p_x / q_x) (q_x > 0): the rejection-sampling test."""
     if isinstance(generator, Draws):
         return generator.bernoulli(min(1.0, p_x / q_x))
-    return float(torch.rand((), generator=generator)) * q_x < p_x
+    device = "cpu" if generator is None else generator.device
+    return float(torch.rand((), generator=generator, device=device)) * q_x < p_x
 
 
 MASK64 = (1 << 64) - 1
@@ -73,9 +74,10 @@ def step_seed(seed: int, position: int) -> int:
     return z ^ (z >> 31)
 
 
-def make_generator(seed: int | None) -> torch.Generator:
-    """A CPU generator: seeded for reproducible runs, otherwise from fresh entropy."""
-    generator = torch.Generator()
+def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator on the device whose distributions it samples (the model's): seeded for
+    reproducible runs, otherwise from fresh entropy."""
+    generator = torch.Generator(device=device)
     if seed is None:
         generator.seed()
     else:

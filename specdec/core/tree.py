@@ -84,7 +84,7 @@ def tree_layout(parent_ids: tuple[int, ...]) -> TreeLayout:
     num_rows = len(parent_rows)
     depths = [0] * num_rows
     children: list[list[int]] = [[] for _ in range(num_rows)]
-    mask = torch.zeros(num_rows, num_rows, dtype=torch.bool)
+    mask = torch.zeros(num_rows, num_rows, dtype=torch.bool, device="cpu")  # host data, moved once per step
     mask[0, 0] = True
     for row in range(1, num_rows):
         parent = parent_rows[row]
@@ -96,33 +96,34 @@ def tree_layout(parent_ids: tuple[int, ...]) -> TreeLayout:
     return TreeLayout(parent_rows, tuple(depths), tuple(tuple(c) for c in children), is_chain, mask)
 
 
-def attention_bias(layout: TreeLayout, num_cached: int, dtype: torch.dtype) -> torch.Tensor:
+def attention_bias(layout: TreeLayout, num_cached: int, dtype: torch.dtype,
+                   device: torch.device | str = "cpu") -> torch.Tensor:
     """Additive mask for one verify forward: [1, 1, num_rows, num_cached + num_rows], 0 or -inf.
 
     Every row sees the whole committed prefix (the cache) and, inside the tree, itself and its ancestors.
     """
-    bias = torch.zeros(1, 1, layout.num_rows, num_cached + layout.num_rows, dtype=dtype)
-    bias[0, 0, :, num_cached:].masked_fill_(~layout.mask, torch.finfo(dtype).min)
+    bias = torch.zeros(1, 1, layout.num_rows, num_cached + layout.num_rows, dtype=dtype, device=device)
+    bias[0, 0, :, num_cached:].masked_fill_(~layout.mask.to(device, non_blocking=True), torch.finfo(dtype).min)
     return bias
 
 
-def position_ids(layout: TreeLayout, num_cached: int) -> torch.Tensor:
+def position_ids(layout: TreeLayout, num_cached: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """[1, num_rows]: a node's position is the root's position plus its depth."""
-    return (torch.tensor(layout.depths, dtype=torch.long) + num_cached).unsqueeze(0)
+    return (torch.tensor(layout.depths, dtype=torch.long, device=device) + num_cached).unsqueeze(0)
 
 
 def retrieve_indices(layout: TreeLayout) -> torch.Tensor:
     """[num_leaves, max_depth + 1] rows along each root-to-leaf path, padded with -1 (Medusa's form)."""
     leaves = [r for r in range(layout.num_rows) if not layout.children[r]]
     max_depth = max(layout.depths)
-    out = torch.full((len(leaves), max_depth + 1), -1, dtype=torch.long)
+    out = torch.full((len(leaves), max_depth + 1), -1, dtype=torch.long, device="cpu")
     for i, leaf in enumerate(leaves):
         path = []
         row = leaf
         while row != -1:
             path.append(row)
             row = layout.parent_rows[row]
-        out[i, : len(path)] = torch.tensor(path[::-1])
+        out[i, : len(path)] = torch.tensor(path[::-1], device="cpu")
     return out
 
 

@@ -14,6 +14,31 @@ MIN_TEMPERATURE = 1e-2
 MAX_TEMPERATURE = 100.0
 
 
+# The KV cache kinds a model runner offers (specdec.models.runner): "static" is preallocated and
+# committed by index bookkeeping (specdec.models.static_cache), "dynamic" is transformers'
+# DynamicCache (grown by concatenation, cropped by slicing). The README's "KV cache" section has the
+# measurement that made static the default.
+KV_CACHES = ("static", "dynamic")
+DEFAULT_KV_CACHE = "static"
+
+
+def check_kv_cache(kind) -> str:
+    """The one rule for a kv_cache option (engine, CLI, serving configs): one line naming the kinds."""
+    if kind not in KV_CACHES:
+        raise InvalidArgument(f"kv_cache must be one of {', '.join(KV_CACHES)}; got {kind!r}")
+    return kind
+
+
+def check_device_name(name) -> str:
+    """The one rule for a `device` option's spelling: auto, cpu, cuda or cuda:N (whether that device
+    exists is specdec.device's question, asked where torch is loaded)."""
+    ok = isinstance(name, str) and (name in ("auto", "cpu", "cuda") or (
+        name.startswith("cuda:") and name[5:].isdigit()))
+    if not ok:
+        raise InvalidArgument(f"device must be auto, cpu, cuda or cuda:N; got {name!r}")
+    return name
+
+
 def check_temperature(temperature) -> None:
     """The one temperature rule (the engine, the router and the CLI all refuse with this message)."""
     if (not isinstance(temperature, (int, float)) or not math.isfinite(temperature)

@@ -20,8 +20,9 @@ TRAINED_DRAFTERS = ("draft", "medusa", "eagle")  # take a trained checkpoint dir
 RANDOM_DRAFT = "random"
 
 
-def build_drafter(name: str, target, draft_path, options: dict, dtype):
-    """A Drafter for `name` (None for plain decoding). target: the LoadedModel being served."""
+def build_drafter(name: str, target, draft_path, options: dict, dtype, runner_config=None):
+    """A Drafter for `name` (None for plain decoding). target: the LoadedModel being served.
+    runner_config: how a draft model's forwards run (specdec.models.runner.RunnerConfig; None = default)."""
     if name not in DRAFTERS:
         raise InvalidArgument(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
     unknown = set(options) - DRAFTER_OPTIONS[name]
@@ -51,7 +52,7 @@ def build_drafter(name: str, target, draft_path, options: dict, dtype):
     from specdec.drafters.draft_model import DraftModelConfig, DraftModelDrafter
     from specdec.drafters.trained import shipped_checkpoint
     from specdec.models.loader import load_model, random_draft_path
-    from specdec.models.runner import ModelRunner, load_vocab_ids
+    from specdec.models.runner import ModelRunner, RunnerConfig, load_vocab_ids
 
     if draft_path is None:  # the shipped distilled draft, which exists for the embedded target only
         draft_path = shipped_checkpoint("draft", target)
@@ -59,11 +60,12 @@ def build_drafter(name: str, target, draft_path, options: dict, dtype):
             raise InvalidArgument(no_draft_model_reason(target.path))
     elif draft_path == RANDOM_DRAFT:
         draft_path = random_draft_path(target)
-    draft = load_model(draft_path, dtype)
+    draft = load_model(draft_path, dtype, device=next(target.model.parameters()).device)  # beside the target
     if draft.model.config.vocab_size != target.model.config.vocab_size:
         raise InvalidArgument(f"draft vocabulary ({draft.model.config.vocab_size}) differs from the target's "
                               f"({target.model.config.vocab_size}); the draft must share the target's tokenizer")
-    return DraftModelDrafter(ModelRunner(draft.model, load_vocab_ids(draft_path)), DraftModelConfig(**options))
+    return DraftModelDrafter(ModelRunner(draft.model, load_vocab_ids(draft_path), runner_config or RunnerConfig()),
+                             DraftModelConfig(**options))
 
 
 def no_draft_model_reason(target_path) -> str:

@@ -57,7 +57,7 @@ def pick_children(logits: torch.Tensor, width: int, params: SamplingParams, gene
     if params.greedy:
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         top = torch.topk(logprobs, width)
-        return [(int(t), None, float(lp)) for lp, t in zip(top.values, top.indices)]
+        return [(t, None, lp) for lp, t in zip(top.values.tolist(), top.indices.tolist())]  # one host copy each
     q = truncate_top_n(warp(logits, params), top_n)
     children = []
     for _ in range(width):
@@ -146,15 +146,19 @@ class DraftModelSession:
         """Feed `nodes`, each attending to the context, its fed ancestors and itself -> logits [len(nodes), vocab]."""
         slot = {node: num_context + i for i, node in enumerate(fed)}
         num_kv = num_context + len(fed) + len(nodes)
-        bias = torch.full((1, 1, len(nodes), num_kv), torch.finfo(self.runner.dtype).min, dtype=self.runner.dtype)
-        bias[..., :num_context] = 0.0
+        # laid out on the host (one entry per ancestor), copied to the draft model's device once
+        sees = torch.zeros(1, 1, len(nodes), num_kv, dtype=torch.bool, device="cpu")
+        sees[..., :num_context] = True
         for i, node in enumerate(nodes):
-            bias[0, 0, i, num_context + len(fed) + i] = 0.0
+            sees[0, 0, i, num_context + len(fed) + i] = True
             ancestor = parents[node]
             while ancestor >= 0:
-                bias[0, 0, i, slot[ancestor]] = 0.0
+                sees[0, 0, i, slot[ancestor]] = True
                 ancestor = parents[ancestor]
-        positions = torch.tensor([[num_context - 1 + depths[n] for n in nodes]])
+        device, dtype = self.runner.device, self.runner.dtype
+        bias = torch.zeros(sees.shape, dtype=dtype, device=device).masked_fill_(
+            ~sees.to(device, non_blocking=True), torch.finfo(dtype).min)
+        positions = torch.tensor([[num_context - 1 + depths[n] for n in nodes]], device=device)
         logits, _ = self.runner.forward([tokens[n] for n in nodes], self.cache, attn_bias=bias, positions=positions)
         return logits
 

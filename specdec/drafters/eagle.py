@@ -57,7 +57,7 @@ class EagleSession:
         if m < n - 1:
             d = self.d
             out, self.past = d.head(feats[m:n - 1].to(d.dtype)[None], d.embed(context_ids[m + 1:n])[None],
-                                    torch.arange(m, n - 1), self.past)
+                                    torch.arange(m, n - 1, device=d.device), self.past)
             self.num_pairs = n - 1
             self.root_out = out[0, -1]
         return self.root_out
@@ -86,7 +86,7 @@ class EagleSession:
                 base = scores[parent] if parent >= 0 else 0.0
                 for lp, i in zip(values, indices):
                     new_nodes.append(len(tokens))
-                    tokens.append(int(d.vocab_ids[i]))
+                    tokens.append(d.vocab_list[i])
                     parents.append(parent)
                     scores.append(base + lp)
                     levels.append(level)
@@ -94,7 +94,7 @@ class EagleSession:
                 break
             expand = sorted(new_nodes, key=lambda node: -scores[node])[:k]
             num_past = past[0].shape[2]
-            mask = torch.zeros(len(expand), num_past + len(expand), dtype=torch.bool)
+            mask = torch.zeros(len(expand), num_past + len(expand), dtype=torch.bool, device="cpu")  # built on the host
             mask[:, :self.num_pairs] = True
             for row, node in enumerate(expand):
                 mask[row, num_past + row] = True
@@ -103,8 +103,9 @@ class EagleSession:
                     mask[row, slots[ancestor]] = True
                     ancestor = parents[ancestor]
             feats = torch.stack([outputs[parents[n]] if parents[n] >= 0 else root_out for n in expand])  # [E, H]
-            positions = torch.full((len(expand),), self.num_pairs - 1 + level)
-            out, past = d.head(feats[None], d.embed([tokens[n] for n in expand])[None], positions, past, mask)
+            positions = torch.full((len(expand),), self.num_pairs - 1 + level, device=d.device)
+            out, past = d.head(feats[None], d.embed([tokens[n] for n in expand])[None], positions, past,
+                               mask.to(d.device, non_blocking=True))
             for row, node in enumerate(expand):
                 outputs[node] = out[0, row]
                 slots[node] = num_past + row
@@ -132,15 +133,17 @@ class EagleDrafter:
 
     def __init__(self, head: EagleHead, vocab_ids: torch.Tensor, embed_weight: torch.Tensor,
                  head_weight: torch.Tensor, config: EagleConfig):
-        self.head = head
+        self.device = embed_weight.device  # the head runs where the target's features are
+        self.head = head.to(self.device)
         self.config = config
-        self.vocab_ids = vocab_ids  # [V']
+        self.vocab_ids = vocab_ids.to(self.device)  # [V']
+        self.vocab_list = vocab_ids.tolist()  # the same on the host: drafted tokens are read there
         self.embed_weight = embed_weight  # [vocab, H] the target's input embeddings
-        self.head_weight = head_weight[vocab_ids].contiguous()  # [V', H] rows of the target's LM head
+        self.head_weight = head_weight[self.vocab_ids].contiguous()  # [V', H] rows of the target's LM head
         self.dtype = head_weight.dtype
 
     def embed(self, token_ids: list[int]) -> torch.Tensor:
-        return self.embed_weight[torch.tensor(token_ids, dtype=torch.long)].to(self.dtype)  # [n, H]
+        return self.embed_weight[torch.tensor(token_ids, dtype=torch.long, device=self.device)].to(self.dtype)  # [n, H]
 
     @classmethod
     def load(cls, path: Path, model, runner, num_nodes: int = 0, top_k: int = 0, depth: int = 0) -> EagleDrafter:

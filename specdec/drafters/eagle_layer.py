@@ -61,7 +61,7 @@ class RMSNorm(torch.nn.Module):
 def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """x [B, heads, n, d] rotated by positions [n] (Llama's rotate-half convention)."""
     d = x.shape[-1]
-    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)  # [d/2]
+    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d)  # [d/2]
     angles = positions.float()[:, None] * inv[None]  # [n, d/2]
     cos, sin = torch.cat([angles, angles], -1).cos().to(x.dtype), torch.cat([angles, angles], -1).sin().to(x.dtype)
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
@@ -102,7 +102,7 @@ class EagleHead(torch.nn.Module):
         kk, vv = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [B, heads, L + n, d]
         if mask is None and past is not None and past[0].shape[2] > 0:
             num_past = past[0].shape[2]
-            mask = torch.ones(n, num_past + n, dtype=torch.bool).tril(num_past)
+            mask = torch.ones(n, num_past + n, dtype=torch.bool, device=q.device).tril(num_past)
         attn = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, is_causal=mask is None and n > 1)
         x = x + self.o_proj(attn.transpose(1, 2).reshape(b, n, c.num_heads * c.head_dim))
         y = self.post_norm(x)

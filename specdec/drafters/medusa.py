@@ -121,9 +121,10 @@ class MedusaDrafter:
 
     def __init__(self, heads: MedusaHeads, vocab_ids: torch.Tensor, target_head_weight: torch.Tensor,
                  config: MedusaConfig, num_nodes: int = 0):
-        self.heads = heads
-        self.vocab_ids = vocab_ids  # [V'] the reduced vocabulary
-        self.head_weight = target_head_weight[vocab_ids].contiguous()  # [V', H] rows of the target's LM head
+        device = target_head_weight.device  # the heads run where the target's features are
+        self.heads = heads.to(device)
+        self.vocab_ids = vocab_ids.to(device)  # [V'] the reduced vocabulary
+        self.head_weight = target_head_weight[self.vocab_ids].contiguous()  # [V', H] rows of the target's LM head
         self.config = config
         self.paths = list(config.tree_paths[:num_nodes] if num_nodes > 0 else config.tree_paths)
         self.max_rank = max(max(p) for p in self.paths)

@@ -22,8 +22,9 @@ class LoadedModel:
     path: Path
 
 
-def pick_dtype(name: str) -> torch.dtype:
-    """'auto' is bfloat16 on a GPU and float32 on a CPU.
+def pick_dtype(name: str, device: torch.device | None = None) -> torch.dtype:
+    """'auto' is bfloat16 on a GPU (float16 on one without bf16 tensor cores) and float32 on a CPU.
+    device None: the GPU if one is visible.
 
     On CPUs without native bf16 matmuls (this one: AVX2 only) bf16 is emulated and a 16-token verify
     costs ~7x a 1-token forward, erasing the headroom speculation lives on. Where bf16 is native it
@@ -31,7 +32,10 @@ def pick_dtype(name: str) -> torch.dtype:
     near-tied argmaxes far more often; float32 keeps greedy equality tight. Ask for bf16 explicitly.
     """
     if name == "auto":
-        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+        on_gpu = torch.cuda.is_available() if device is None else device.type == "cuda"
+        if not on_gpu:
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
     if name not in DTYPES:
         raise InvalidArgument(f"dtype must be auto, {', '.join(DTYPES)}; got {name!r}")
     return DTYPES[name]
@@ -51,8 +55,11 @@ def resolve_path(path: str | os.PathLike | None) -> Path:
     return resolved
 
 
-def load_model(path: str | os.PathLike | None, dtype: torch.dtype, tp_degree: int = 1) -> LoadedModel:
-    """tp_degree > 1: split the model over the current torch.distributed group (transformers' tp_plan)."""
+def load_model(path: str | os.PathLike | None, dtype: torch.dtype, tp_degree: int = 1,
+               device: torch.device | str = "cpu") -> LoadedModel:
+    """tp_degree > 1: split the model over the current torch.distributed group (transformers' tp_plan;
+    on GPUs each rank's shard goes to cuda:LOCAL_RANK). device: where the weights go (loaded straight
+    there, never staged whole in host memory first)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -60,9 +67,10 @@ def load_model(path: str | os.PathLike | None, dtype: torch.dtype, tp_degree: in
     resolved = resolve_path(path)
     check_plain_kv_cache(resolved)
     try:
+        placement = {"tp_plan": "auto"} if tp_degree > 1 else (
+            {"device_map": str(device)} if torch.device(device).type != "cpu" else {})
         model = AutoModelForCausalLM.from_pretrained(
-            resolved, dtype=dtype, local_files_only=True, attn_implementation="sdpa",
-            **({"tp_plan": "auto"} if tp_degree > 1 else {}))
+            resolved, dtype=dtype, local_files_only=True, attn_implementation="sdpa", **placement)
     except (OSError, ValueError) as exc:
         raise ModelNotFound(f"cannot load a causal LM from {str(resolved)!r}: {str(exc).splitlines()[0]}") from exc
     model.eval().requires_grad_(False)

@@ -6,13 +6,18 @@ hidden states (what Medusa / EAGLE heads read).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from transformers import DynamicCache
 
 from specdec.core.tree import TreeLayout, attention_bias, position_ids
+from specdec.core.types import DEFAULT_KV_CACHE, check_kv_cache
+from specdec.models.static_cache import DEFAULT_CAPACITY, StaticKVCache
 
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"  # beside a draft checkpoint: the token ids its LM head may propose
+MAX_VERIFY_ROWS = 65  # a verify forward's rows: the root and up to 64 tree nodes (max_tree_nodes' default)
 
 
 def load_vocab_ids(checkpoint_dir) -> torch.Tensor | None:
@@ -24,15 +29,35 @@ def load_vocab_ids(checkpoint_dir) -> torch.Tensor | None:
     return torch.tensor(json.loads(path.read_text()), dtype=torch.long) if path.is_file() else None
 
 
+@dataclass(frozen=True)
+class RunnerConfig:
+    """How a model's forwards run (the same for a target and its draft model)."""
+
+    kv_cache: str = DEFAULT_KV_CACHE  # static | dynamic
+    # Verify forwards as CUDA graphs for padded shapes (specdec.graphs); eager where graphs cannot run
+    # (a CPU, tensor parallelism, a dynamic cache), with the reason logged once.
+    cuda_graphs: bool = False
+
+    def __post_init__(self) -> None:
+        check_kv_cache(self.kv_cache)
+
+
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, vocab_ids: torch.Tensor | None = None):
+    def __init__(self, model: torch.nn.Module, vocab_ids: torch.Tensor | None = None,
+                 config: RunnerConfig = RunnerConfig()):
         """vocab_ids: [V'] token ids the head computes (FR-Spec, for draft models: the rows of the largest
         matmul of a small model shrink to V'); the other tokens get logit -inf, so they are never
-        drafted and q is exactly what the drafter samples from. None = the full vocabulary."""
+        drafted and q is exactly what the drafter samples from. None = the full vocabulary.
+        config.kv_cache: "static" (preallocated, committed by index bookkeeping:
+        specdec.models.static_cache) or "dynamic" (transformers' DynamicCache, grown by concatenation)."""
         self.model = model
+        self.run_config = config
+        self.max_rows = MAX_VERIFY_ROWS  # the most rows one forward appends, as caches are sized for
         self.config = model.config
         self.vocab_size = model.config.vocab_size
-        self.dtype = next(model.parameters()).dtype
+        first = next(model.parameters())
+        self.dtype = first.dtype
+        self.device = first.device  # every tensor a forward gets is made here (specdec.device)
         self.decoder = getattr(model, model.base_model_prefix)
         head = model.get_output_embeddings()
         plain_head = (isinstance(head, torch.nn.Linear) and head.bias is None
@@ -40,12 +65,21 @@ class ModelRunner:
                       and not any(getattr(model.config, n, None) for n in ("final_logit_softcapping", "logit_scale")))
         self.head = head
         self.head_weight = head.weight if plain_head else None  # [vocab, hidden], or [V', hidden] with vocab_ids
-        self.vocab_ids = vocab_ids if plain_head else None
+        self.vocab_ids = vocab_ids.to(self.device) if plain_head and vocab_ids is not None else None
         if self.vocab_ids is not None:
             self.head_weight = head.weight.detach()[self.vocab_ids].contiguous()
+        self.graphs = None
+        if config.cuda_graphs:
+            from specdec.graphs import GraphedDecoder
 
-    def new_cache(self) -> DynamicCache:
-        return DynamicCache(config=self.config)
+            self.graphs = GraphedDecoder(self)
+
+    def new_cache(self, capacity: int | None = None) -> DynamicCache | StaticKVCache:
+        """An empty cache. capacity: the most entries it will hold (a static cache preallocates that
+        many and grows by doubling past it; None = unknown, start small); a dynamic cache ignores it."""
+        if self.run_config.kv_cache == "dynamic":
+            return DynamicCache(config=self.config)
+        return StaticKVCache(self.config.num_hidden_layers, capacity or DEFAULT_CAPACITY)
 
     @torch.inference_mode()
     def forward(self, input_ids: list[int], cache: DynamicCache, layout: TreeLayout | None = None,
@@ -57,11 +91,11 @@ class ModelRunner:
         plain causal attention). attn_bias / positions: an explicit mask [1, 1, n, cached + n] and
         position ids [1, n] for callers that lay out trees themselves (the draft model).
         """
-        ids = torch.tensor([input_ids], dtype=torch.long)
+        ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
         if layout is not None and not layout.is_chain:
             num_cached = cache.get_seq_length()
-            attn_bias = attention_bias(layout, num_cached, self.dtype)
-            positions = position_ids(layout, num_cached)
+            attn_bias = attention_bias(layout, num_cached, self.dtype, self.device)
+            positions = position_ids(layout, num_cached, self.device)
         hidden = self.decoder(input_ids=ids, attention_mask=attn_bias, position_ids=positions,
                               past_key_values=cache, use_cache=True).last_hidden_state[0]  # [n, hidden]
         if not want_logits:
@@ -72,6 +106,12 @@ class ModelRunner:
     def forward_batch(self, input_ids: torch.Tensor, cache: DynamicCache, attn_bias: torch.Tensor,
                       positions: torch.Tensor) -> torch.Tensor:
         """Padded batch: input_ids [B, N], attn_bias [B, 1, N, cached + N], positions [B, N] -> hidden [B, N, H]."""
+        if self.graphs is not None and self.graphs.active:
+            return self.graphs.forward_batch(input_ids, cache, attn_bias, positions)
+        return self.eager_forward_batch(input_ids, cache, attn_bias, positions)
+
+    def eager_forward_batch(self, input_ids: torch.Tensor, cache: DynamicCache, attn_bias: torch.Tensor,
+                            positions: torch.Tensor) -> torch.Tensor:
         return self.decoder(input_ids=input_ids, attention_mask=attn_bias, position_ids=positions,
                             past_key_values=cache, use_cache=True).last_hidden_state
 
@@ -80,15 +120,16 @@ class ModelRunner:
 
         For n > 1 `W @ h.T` runs 2-3x faster than `F.linear` in MKL on CPU (measured: 7 vs 19 ms for
         2 rows of SmolLM2's 49152-row head), and the head is the largest matmul of a small model.
+        On a GPU cuBLAS has no such gap: F.linear.
         """
         if self.head_weight is None:
             return self.head(hidden).float()
-        if hidden.shape[0] == 1:
+        if hidden.shape[0] == 1 or self.device.type != "cpu":
             logits = torch.nn.functional.linear(hidden, self.head_weight).float()
         else:
             logits = (self.head_weight @ hidden.T).T.float()
         if self.vocab_ids is None:
             return logits
-        full = torch.full((hidden.shape[0], self.vocab_size), float("-inf"))
+        full = torch.full((hidden.shape[0], self.vocab_size), float("-inf"), device=hidden.device)
         full[:, self.vocab_ids] = logits
         return full

@@ -22,7 +22,7 @@ PROB_SUM_TOLERANCE = 1e-3
 def tree_to_pb(tree: DraftTree) -> target_pb2.DraftTree:
     msg = target_pb2.DraftTree(token_ids=list(tree.token_ids), parent_ids=list(tree.parent_ids))
     if tree.q is not None:
-        for row in tree.q.float():  # [vocab]
+        for row in tree.q.float().cpu():  # [vocab]; the whole q leaves the drafter's device in one copy
             ids = torch.nonzero(row).flatten()
             msg.q.add(token_ids=ids.tolist(), probs=row[ids].tolist())
     return msg
@@ -36,14 +36,15 @@ def tree_from_pb(msg: target_pb2.DraftTree, vocab_size: int, max_nodes: int) -> 
         return DraftTree(token_ids, parent_ids)
     if len(msg.q) != len(token_ids):
         raise InvalidArgument(f"draft has {len(msg.q)} q rows for {len(token_ids)} nodes")
-    q = torch.zeros(len(token_ids), vocab_size, dtype=torch.float32)  # [num_nodes, vocab]
+    q = torch.zeros(len(token_ids), vocab_size, dtype=torch.float32, device="cpu")  # [num_nodes, vocab]; to the
+    # target's device once, when its sequence is verified
     for node, row in enumerate(msg.q):
         if len(row.token_ids) != len(row.probs) or not row.token_ids:
             raise InvalidArgument(f"draft node {node}: q has {len(row.token_ids)} token ids and {len(row.probs)} probs")
         if len(set(row.token_ids)) != len(row.token_ids):
             raise InvalidArgument(f"draft node {node}: q names a token twice")
-        ids = torch.tensor(list(row.token_ids), dtype=torch.long)
-        probs = torch.tensor(list(row.probs), dtype=torch.float32)
+        ids = torch.tensor(list(row.token_ids), dtype=torch.long, device="cpu")
+        probs = torch.tensor(list(row.probs), dtype=torch.float32, device="cpu")
         if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
             raise InvalidArgument(f"draft node {node}: q names a token outside the vocabulary [0, {vocab_size})")
         if not bool(torch.isfinite(probs).all()) or float(probs.min()) < 0.0:

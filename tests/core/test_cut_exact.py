@@ -79,6 +79,7 @@ class BigramRunner:
     """Stands in for a draft model: logits of row i are log q[token fed at row i]."""
 
     dtype = torch.float32
+    device = torch.device("cpu")
 
     def __init__(self, q: torch.Tensor):
         self.q = q

@@ -1,0 +1,60 @@
+"""The GPU check's speedup model (numbers worked by hand) and its tiny CPU run (the code a GPU runs)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from specdec.bench.speedup_model import acceptance_tail, best_speedup, cost_ratio, speedup
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_acceptance_tail_from_the_histogram():
+    # 10 drafted steps: 4 accepted nothing, 3 one token, 2 two, 1 three
+    assert acceptance_tail([4, 3, 2, 1]) == [0.6, 0.3, 0.1]
+    assert acceptance_tail([0, 0]) == []
+
+
+def test_cost_ratio_interpolates_between_measured_rows():
+    curve = {1: 10.0, 2: 11.0, 4: 13.0, 8: 20.0}
+    assert cost_ratio(curve, 1) == 1.0
+    assert cost_ratio(curve, 3) == pytest.approx(1.2)  # halfway from 11 to 13
+    assert cost_ratio(curve, 6) == pytest.approx(1.65)
+    assert cost_ratio(curve, 16) == pytest.approx(4.0)  # beyond the curve: proportional to rows
+
+
+def test_speedup_formula():
+    tail, curve = [0.6, 0.3, 0.1], {1: 10.0, 2: 11.0, 4: 13.0, 8: 20.0}
+    # k = 2, every step drafted: E = 1 + 0.6 + 0.3 = 1.9; T = c(3)/c(1) = 1.2 -> 1.9 / 1.2
+    assert speedup(tail, 1.0, curve, 2, 0.0) == pytest.approx(1.9 / 1.2)
+    # half the steps drafted, a draft forward costing 0.1: E = 1 + 0.5 * 0.9, T = 0.5 + 0.5 * (1.2 + 0.2)
+    assert speedup(tail, 0.5, curve, 2, 0.1) == pytest.approx(1.45 / 1.2)
+    assert best_speedup(tail, 1.0, curve, 0.0) == (pytest.approx(1.9 / 1.2), 2)
+    assert best_speedup([0.01], 1.0, curve, 0.5) == (1.0, 0)  # nothing pays: do not speculate
+
+
+def test_tiny_cpu_run(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert gpu_check.main(["--device", "cpu", "--tiny", "--skip", "grpc", "gtest", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    equality = result["sections"]["equality"]
+    assert {r["drafter"] for r in equality} == {"plain", "prompt lookup", "random draft model",
+                                                "noisy draft model, trees"}
+    assert all(r["identical"] and r["batched_identical"] for r in equality)
+    assert any(r["accepted"] > 0 for r in equality)  # the accept-and-commit path ran
+    assert all(not r["graphs_active"] for r in equality if r["cuda_graphs"])  # a CPU: graphs fall back
+    cost = result["sections"]["cost"]
+    assert {(r["batch"], r["rows"]) for r in cost["rows"]} == {(b, n) for b in (1, 2) for n in (1, 2, 4)}
+    assert all(r["eager_ms"] > 0 and r["graphs_ms"] is None for r in cost["rows"])
+    drafters = {r["drafter"] for r in result["sections"]["speedup"]["rows"]}
+    assert drafters == {"ngram", "suffix", "draft", "eagle"}
+    assert result["skipped"] == {"grpc": "--skip", "gtest": "--skip"}
+    table = (tmp_path / "gpu_check.md").read_text()
+    assert "| in process | noisy draft model, trees | off |" in table and "Modelled speedup per drafter" in table
