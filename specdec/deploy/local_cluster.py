@@ -96,8 +96,9 @@ def start_local(stack: StackConfig, path: Path, echo=print) -> str:
     port = free_port()
     path.parent.mkdir(parents=True, exist_ok=True)
     log_path = path.with_suffix(".log")
-    # Ray replaces a loopback --node-ip-address by the machine's outward IP unless told it runs on one machine
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    # Ray replaces a loopback --node-ip-address by the machine's outward IP unless told it runs on one machine;
+    # its GCS gets 120 s rather than 30 s to come up (a busy 2-core machine has missed 30 s)
+    env = {"RAY_gcs_server_port_wait_time_s": "120", **os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     with open(log_path, "w") as log:
         popen = subprocess.Popen(head_command(stack, port), stdout=log, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, start_new_session=True, env=env)

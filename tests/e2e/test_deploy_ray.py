@@ -35,6 +35,8 @@ def cluster():
     import ray
     from ray.cluster_utils import Cluster
 
+    os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")  # not Ray's 30 s: a busy machine has missed it
+    since = uptime_s()
     cluster = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False,
                                                             "resources": {"specdec_router": 1}})
     try:
@@ -42,7 +44,7 @@ def cluster():
                  "draft": cluster.add_node(**NODE, resources={"specdec_draft": 1}).node_id,
                  "target": cluster.add_node(**{**NODE, "num_cpus": 2}, resources={"specdec_target": 2}).node_id}
         ray.init(address=cluster.address, namespace=NAMESPACE, log_to_driver=False, logging_level="WARNING")
-        yield cluster, nodes
+        yield cluster, nodes, since
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -74,7 +76,7 @@ def by_name(processes) -> dict[str, dict]:
 def test_each_process_runs_on_the_node_with_its_resource_and_output_is_the_engines(cluster, deployed, reference):
     import ray
 
-    _, nodes = cluster
+    _, nodes, _ = cluster
     result, _ = deployed
     placed = by_name(result.processes)
     assert {n: p["node_id"] for n, p in placed.items()} == {
@@ -140,8 +142,8 @@ def test_a_second_up_is_refused_and_down_stops_every_process(cluster, deployed, 
         ray_stack.up(stack, cluster[0].address)
     processes = ray_stack.status(stack.deploy)["processes"]
     pids = [p[key] for p in processes for key in ("actor_pid", "server_pid")]
-    actor_pids = [p["actor_pid"] for p in processes]
-    ranks = [pid for pid in target_servers(str(tiny_models["target"])) if descends_from(pid, actor_pids)]
+    _, _, since = cluster
+    ranks = [pid for pid in target_servers(str(tiny_models["target"])) if started_after(pid, since)]
     assert len(pids) == 6 and len(ranks) == 2 and all(alive(pid) for pid in pids + ranks)
     pids += ranks
     assert sorted(ray_stack.down(stack.deploy, cluster[0].address)) == ["t-draft-0", "t-router", "t-target-0"]
@@ -167,17 +169,18 @@ def target_servers(model: str) -> list[int]:
     return found
 
 
-def descends_from(pid: int, ancestors: list[int]) -> bool:
-    """Whether `pid` was started (at any depth) by one of `ancestors`: the module's own ranks, not another
+def uptime_s() -> float:
+    return float(Path("/proc/uptime").read_text().split()[0])
+
+
+def started_after(pid: int, since_uptime_s: float) -> bool:
+    """Whether `pid` started after `since_uptime_s` (seconds since boot): the module's own ranks, not another
     module's target server on the same tiny checkpoint (the session-wide HTTP stack, for one)."""
-    while pid > 1:
-        if pid in ancestors:
-            return True
-        try:
-            pid = int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            return False
-    return False
+    try:
+        ticks = int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return False
+    return ticks / os.sysconf("SC_CLK_TCK") >= since_uptime_s
 
 
 def alive(pid: int) -> bool:

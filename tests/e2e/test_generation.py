@@ -39,8 +39,10 @@ def test_greedy_matches_in_process(request, reference, drafter):
                                                   ).prompt_token_ids
 
 
-def test_draft_model_is_accepted_and_streamed(draft_stack, reference):
-    with Client(draft_stack.address) as client:
+def test_draft_model_is_accepted_and_streamed(drafting_stack, reference):
+    """On the stack that drafts at every step: the adaptive one may rightly decide drafting does not pay
+    for a tiny target on a fast CPU, and then accepts nothing."""
+    with Client(drafting_stack.address) as client:
         chunks = list(client.stream(PROMPTS[0], GREEDY, timeout_s=60))
     out = chunks[-1].output
     assert out.stats.num_accepted_tokens > 0 and out.stats.num_target_forwards < 48
