@@ -12,7 +12,7 @@ import threading
 from specdec.serving_config import (DraftConfig, RouterConfig, StackConfig, TargetConfig, add_config_args,
                                     config_from_args, load_stack_config)
 
-SELF_DRAFTERS = ("medusa", "eagle")  # read the target's features: they run inside the target worker
+SELF_DRAFTERS = ("medusa", "eagle", "eagle3")  # read the target's features: they run inside the target worker
 PIECES = {"router": (RouterConfig, "router.server"), "draft": (DraftConfig, "draft_service.server"),
           "target": (TargetConfig, "target_service.server")}
 
