@@ -34,6 +34,9 @@ class Eagle3Recipe:
     num_heldout_seqs: int = 16
     eval_every: int = 50
     save_every_s: float = 300.0
+    # bf16 autocast: ~1.5x faster steps on a CPU with avx512_bf16 (measured 6 vs 9 s for 8 x 128 pairs, 4 TTT
+    # steps, SmolLM2-135M dims); the weights and the optimizer stay float32
+    bf16_autocast: bool = True
     top_k: int = 8
     depth: int = 6
     num_nodes: int = 24
@@ -125,8 +128,9 @@ def train_eagle3(fs: FeatureSet, model, recipe: Eagle3Recipe, budget: Budget, ou
             progress["epoch"], progress["position"] = progress["epoch"] + 1, 0
         for group in opt.param_groups:
             group["lr"] = recipe.lr * min(1.0, (progress["step"] + 1) / recipe.warmup_steps)
-        loss, _ = ttt_losses(head, *make_batch(train, spans[pick], vocab_ids, embed, recipe.window_len), head_weight,
-                             recipe.ttt_steps)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.bf16_autocast):
+            loss, _ = ttt_losses(head, *make_batch(train, spans[pick], vocab_ids, embed, recipe.window_len),
+                                 head_weight, recipe.ttt_steps)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -159,4 +163,5 @@ def train_eagle3(fs: FeatureSet, model, recipe: Eagle3Recipe, budget: Budget, ou
 @torch.no_grad()
 def heldout_accuracy(head: EagleHead, batch, head_weight: torch.Tensor, recipe: Eagle3Recipe) -> list[float]:
     """Top-1 next-token accuracy per unrolled depth on fixed held-out windows (depth d reads its own d - 1 outputs)."""
-    return ttt_losses(head, *batch, head_weight, recipe.ttt_steps)[1]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.bf16_autocast):
+        return ttt_losses(head, *batch, head_weight, recipe.ttt_steps)[1]

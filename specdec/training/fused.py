@@ -5,7 +5,7 @@ at a time on a CPU), and generation itself records, at every position, the hidde
 chosen layers (no second pass). Each shard is cached on its own (cache_root/fused/<key>/), so a
 long data run can stop at any shard and resume; the trainer reads whichever shards exist. Per shard:
     ids[t]        token at t                                                     [N] int32
-    features[t]   cat(hidden after layer l for l in layers) at t                 [N, len(layers) * H] float16
+    features[t]   cat(hidden after layer l for l in layers) at t                 [N, len(layers) * H] bfloat16 (residual streams can exceed float16)
     next_ids[t]   the target's greedy next token given ids[:t+1]                 [N] int32
     cu_seqlens    sequence offsets                                               [num_seqs + 1] int64
 """
@@ -40,6 +40,10 @@ class FusedShard:
     layers: tuple[int, ...] = ()  # () = default_layers of the target
     max_seq_len: int = 448
     batch_size: int = 64
+    # the target's forwards under bf16 autocast: 4x faster on a CPU with avx512_bf16 (measured: a 32 x 100
+    # prefill in 13 s vs 52 s, on a shared 2-core machine); answers, features and labels then carry bf16
+    # rounding (a little like EAGLE's input noise), the weights stay float32
+    bf16: bool = True
 
     def key(self, target_path: str) -> str:
         blob = json.dumps({"target": str(target_path), **asdict(self)}, sort_keys=True)
@@ -79,7 +83,7 @@ def generate_fused(model, prompt_ids: list[list[int]], max_new_tokens: int, batc
             answer = new[row].tolist()
             if eos_id is not None and eos_id in answer:
                 answer = answer[:answer.index(eos_id) + 1]
-            feats = torch.cat([prompt_f[row, width - len(p):], step_f[row, :len(answer) - 1]]).half()
+            feats = torch.cat([prompt_f[row, width - len(p):], step_f[row, :len(answer) - 1]]).to(torch.bfloat16)
             prompt_next = (prompt_last[row, width - len(p):] @ head.T).argmax(-1)  # [len(p)]
             next_ids = torch.cat([prompt_next, torch.tensor(answer[1:], dtype=torch.long)])
             out[rows[row]] = ((list(p) + answer)[:-1], feats, next_ids)
@@ -104,7 +108,7 @@ def read_fused(model, sequences: list[list[int]], layers: tuple[int, ...], batch
         hs = model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
         fused = _fused(hs, layers)
         for row, s in enumerate(batch):
-            out.append((list(s), fused[row, :len(s)].half(), (hs[-1][row, :len(s)] @ head.T).argmax(-1)))
+            out.append((list(s), fused[row, :len(s)].to(torch.bfloat16), (hs[-1][row, :len(s)] @ head.T).argmax(-1)))
     return out
 
 
@@ -138,11 +142,12 @@ def build_shard(target, shard: FusedShard, cache_root: Path, prompt_ids: list[li
         passages = [tok.encode(p)[:256] for p in stdlib_passages(shard.num_passages, shard.seed, shard.source)]
     eos_id = model.generation_config.eos_token_id
     eos_id = eos_id[0] if isinstance(eos_id, list) else eos_id
-    answers = generate_fused(model, prompt_ids, shard.max_new_tokens, shard.batch_size, eos_id,
-                             eos_id if eos_id is not None else 0, layers)
-    pieces = [(i[:shard.max_seq_len], f[:shard.max_seq_len], n[:shard.max_seq_len]) for i, f, n in answers
-              if len(i) >= 2]
-    pieces += read_fused(model, [p for p in passages if len(p) >= 2], layers)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=shard.bf16):
+        answers = generate_fused(model, prompt_ids, shard.max_new_tokens, shard.batch_size, eos_id,
+                                 eos_id if eos_id is not None else 0, layers)
+        pieces = [(i[:shard.max_seq_len], f[:shard.max_seq_len], n[:shard.max_seq_len]) for i, f, n in answers
+                  if len(i) >= 2]
+        pieces += read_fused(model, [p for p in passages if len(p) >= 2], layers)
     fs = pack(pieces)
     save_features(fs, directory, {"target": str(target.path), "shard": asdict(shard), "layers": list(layers),
                                   "num_tokens": len(fs.ids), "num_seqs": fs.num_seqs})
