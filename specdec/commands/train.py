@@ -16,7 +16,7 @@ RECIPES = ("draft", "medusa", "eagle", "eagle3")
 DEFAULT_SHARDS = "10-19:256:24"  # 2,560 prompts + 240 passages, 516k tokens; ~4.3 min a shard on 2 cores
 # eagle3: other prompt seeds (no overlap with the older heads' text); odd seeds take their documentation
 # passages from installed packages (numpy, sympy, networkx, ...), even ones from the stdlib
-EAGLE3_SHARDS = "20-35:256:24"
+EAGLE3_SHARDS = "20-39:256:24"
 
 
 def add_parser(subparsers) -> None:

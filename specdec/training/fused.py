@@ -11,6 +11,7 @@ long data run can stop at any shard and resume; the trainer reads whichever shar
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from dataclasses import asdict, dataclass
@@ -40,9 +41,10 @@ class FusedShard:
     layers: tuple[int, ...] = ()  # () = default_layers of the target
     max_seq_len: int = 448
     batch_size: int = 64
-    # the target's forwards under bf16 autocast: 4x faster on a CPU with avx512_bf16 (measured: a 32 x 100
-    # prefill in 13 s vs 52 s, on a shared 2-core machine); answers, features and labels then carry bf16
-    # rounding (a little like EAGLE's input noise), the weights stay float32
+    # the target's forwards in bfloat16 (a bf16 copy of its weights; the first shards of the shipped run used
+    # bf16 autocast): 3-4x faster on a CPU with avx512_bf16 (measured: a 32 x 100 prefill in 13 s vs 52 s on a
+    # shared 2-core machine); answers, features and labels then carry bf16 rounding (a little like EAGLE's
+    # input noise) and may part from the float32 target's greedy text after a while
     bf16: bool = True
 
     def key(self, target_path: str) -> str:
@@ -108,7 +110,8 @@ def read_fused(model, sequences: list[list[int]], layers: tuple[int, ...], batch
         hs = model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
         fused = _fused(hs, layers)
         for row, s in enumerate(batch):
-            out.append((list(s), fused[row, :len(s)].to(torch.bfloat16), (hs[-1][row, :len(s)] @ head.T).argmax(-1)))
+            labels = (hs[-1][row, :len(s)] @ head.T).argmax(-1)
+            out.append((list(s), fused[row, :len(s)].to(torch.bfloat16), labels))
     return out
 
 
@@ -142,12 +145,13 @@ def build_shard(target, shard: FusedShard, cache_root: Path, prompt_ids: list[li
         passages = [tok.encode(p)[:256] for p in stdlib_passages(shard.num_passages, shard.seed, shard.source)]
     eos_id = model.generation_config.eos_token_id
     eos_id = eos_id[0] if isinstance(eos_id, list) else eos_id
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=shard.bf16):
-        answers = generate_fused(model, prompt_ids, shard.max_new_tokens, shard.batch_size, eos_id,
-                                 eos_id if eos_id is not None else 0, layers)
-        pieces = [(i[:shard.max_seq_len], f[:shard.max_seq_len], n[:shard.max_seq_len]) for i, f, n in answers
-                  if len(i) >= 2]
-        pieces += read_fused(model, [p for p in passages if len(p) >= 2], layers)
+    if shard.bf16:  # a copy: no per-forward weight casts (autocast's cost at decode batch sizes)
+        model = copy.deepcopy(model).to(torch.bfloat16)
+    answers = generate_fused(model, prompt_ids, shard.max_new_tokens, shard.batch_size, eos_id,
+                             eos_id if eos_id is not None else 0, layers)
+    pieces = [(i[:shard.max_seq_len], f[:shard.max_seq_len], n[:shard.max_seq_len]) for i, f, n in answers
+              if len(i) >= 2]
+    pieces += read_fused(model, [p for p in passages if len(p) >= 2], layers)
     fs = pack(pieces)
     save_features(fs, directory, {"target": str(target.path), "shard": asdict(shard), "layers": list(layers),
                                   "num_tokens": len(fs.ids), "num_seqs": fs.num_seqs})
