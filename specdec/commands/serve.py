@@ -23,7 +23,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--target", default=None, help="target checkpoint dir (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--drafter", choices=("ngram", "suffix", "draft") + SELF_DRAFTERS, default="ngram",
                    help="ngram / suffix / draft run in a draft worker; medusa / eagle heads run inside the target worker")
-    p.add_argument("--draft", default=None, help="trained drafter checkpoint dir (draft, medusa, eagle)")
+    p.add_argument("--draft", default=None, help="trained drafter checkpoint dir (draft, medusa, eagle, eagle3)")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--device", default="auto",
                    help="target and draft worker's device: auto (cuda when a GPU is visible, else cpu) | cpu | cuda | "

@@ -28,8 +28,8 @@ class Eagle3Recipe:
     vocab_size: int = 8192  # reduced draft vocabulary: the most frequent target-greedy tokens
     window_len: int = 128  # pairs per training window
     batch_size: int = 8  # windows per step
-    ttt_steps: int = 4  # unrolled drafting depths per window (the training-time test)
-    lr: float = 6e-4
+    ttt_steps: int = 3  # unrolled drafting depths per window (the training-time test); each costs a full step
+    lr: float = 8e-4
     warmup_steps: int = 30
     num_heldout_seqs: int = 16
     eval_every: int = 50
