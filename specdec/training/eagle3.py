@@ -4,7 +4,8 @@ Trains on the fused-feature cache (specdec.training.fused: the target's own gree
 specdec.training.ttt's unrolled loss. Resumable: every `save_every_s` and at the end the head, the
 optimizer, the step count and the data position (epoch, next window of that epoch's seeded
 shuffle) go to out/train_state.pt; `resume` continues from there, so a long run can be done in
-several sittings on a small machine. recipe.json records the recipe, the data size in tokens and
+several sittings on a small machine (the data position indexes the windows of the shards given to that
+sitting: adding shards between sittings reshuffles, it does not repeat an epoch). recipe.json records the recipe, the data size in tokens and
 the training minutes summed over the sittings.
 """
 from __future__ import annotations
@@ -150,7 +151,8 @@ def train_eagle3(fs: FeatureSet, model, recipe: Eagle3Recipe, budget: Budget, ou
     save_eagle(out, head, vocab_ids)
     save_loss_curve(progress["losses"], out / "loss.png", f"EAGLE-3 head: CE over {recipe.ttt_steps} TTT steps")
     summary = {"steps": progress["step"], "steps_this_sitting": progress["step"] - start_step,
-               "sittings": progress["sittings"], "epochs": round(progress["epoch"] + progress["position"] / len(spans), 3),
+               "sittings": progress["sittings"],
+               "epochs": round(progress["epoch"] + progress["position"] / len(spans), 3),
                "train_minutes": round(progress["train_s"] / 60, 1),
                "final_loss": sum(progress["losses"][-20:]) / max(len(progress["losses"][-20:]), 1),
                "heldout_top1_by_depth": [round(a, 4) for a in accuracy]}

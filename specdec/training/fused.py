@@ -5,7 +5,8 @@ at a time on a CPU), and generation itself records, at every position, the hidde
 chosen layers (no second pass). Each shard is cached on its own (cache_root/fused/<key>/), so a
 long data run can stop at any shard and resume; the trainer reads whichever shards exist. Per shard:
     ids[t]        token at t                                                     [N] int32
-    features[t]   cat(hidden after layer l for l in layers) at t                 [N, len(layers) * H] bfloat16 (residual streams can exceed float16)
+    features[t]   cat(hidden after layer l for l in layers) at t                 [N, len(layers) * H] bfloat16
+                  (bf16, not float16: the residual stream reaches 25k)
     next_ids[t]   the target's greedy next token given ids[:t+1]                 [N] int32
     cu_seqlens    sequence offsets                                               [num_seqs + 1] int64
 """
