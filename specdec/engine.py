@@ -60,6 +60,8 @@ class Engine:
         self.target = target
         self.tokenizer = target.tokenizer
         self.runner = ModelRunner(target.model, config=config.runner)
+        if getattr(drafter, "feature_layers", ()):  # an EAGLE-3-style head reads low, middle and high layers
+            self.runner.capture_layers(drafter.feature_layers)
         self.drafter = drafter
         self.config = config
         self.max_len = getattr(target.model.config, "max_position_embeddings", None) or 1 << 30

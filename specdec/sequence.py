@@ -86,7 +86,7 @@ class Sequence:
         _, hidden = self.runner.forward(self.context[self.num_prefilled:end], self.cache, want_logits=False)
         self.hidden = hidden[-1].clone()  # its LM-head output predicts the root: what Medusa heads read first
         if self.feature_chunks is not None:
-            self.feature_chunks.append(hidden)
+            self.feature_chunks.append(self.runner.features(hidden))
         num_tokens, self.num_prefilled = end - self.num_prefilled, end
         self.prefill_s += time.perf_counter() - start
         return num_tokens
@@ -115,11 +115,14 @@ class Sequence:
         return verify_sampling(tree, layout, warp(logits, self.params), self.generator)
 
     def commit_verified(self, tree: DraftTree, layout: TreeLayout, result: VerifyResult, hidden: torch.Tensor,
-                        verify_s: float) -> StepResult:
-        """Everything after the cache holds root + accepted path: features, version, tokens, stops."""
+                        verify_s: float, features: torch.Tensor | None = None) -> StepResult:
+        """Everything after the cache holds root + accepted path: features, version, tokens, stops.
+        hidden [rows, H]: the verify forward's last hidden states; features [rows, F]: what a feature-reading
+        head keeps (None = hidden)."""
         self.hidden = hidden[result.accepted_rows[-1] if result.accepted_rows else 0]
         if self.feature_chunks is not None:
-            self.feature_chunks.append(hidden[[0, *result.accepted_rows]])  # [1 + accepted, hidden]
+            kept = hidden if features is None else features
+            self.feature_chunks.append(kept[[0, *result.accepted_rows]])  # [1 + accepted, F]
         self.version += 1
         return self._commit(list(result.token_ids), tree.num_nodes, result.num_accepted, max(layout.depths), verify_s)
 

@@ -45,7 +45,7 @@ class TargetConfig:
     # serves gRPC, the others follow it); it must divide the attention and key-value head counts.
     tp: int = 1
     # Drafting inside the target (sequences then need no draft worker): none | ngram | draft | medusa |
-    # eagle. Medusa and EAGLE heads read the target's features, so they can only run here.
+    # eagle | eagle3. Medusa and EAGLE heads read the target's features, so they can only run here.
     drafter: str = "none"
     draft: str | None = None  # trained checkpoint dir of that drafter (None = the shipped one: embedded target only)
     num_speculative_tokens: int = 8

@@ -80,10 +80,12 @@ def verify_step(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree
                 seq.generator.set_state(state)
         raise
     verify_s = time.perf_counter() - start
+    features = runner.features(hidden)  # [B, N, F]: hidden itself unless a head reads fused layers
     results: list[StepResult | StepFailure] = []
     for i, (seq, tree, layout, verdict) in enumerate(zip(seqs, trees, layouts, verdicts)):
         try:  # past the cache commit nothing is retried: a failure here fails this sequence only
-            results.append(seq.commit_verified(tree, layout, verdict, hidden[i, :num_rows[i]], verify_s))
+            results.append(seq.commit_verified(tree, layout, verdict, hidden[i, :num_rows[i]], verify_s,
+                                               features[i, :num_rows[i]]))
         except Exception as exc:  # noqa: BLE001
             log.exception("commit failed")
             seq.finish_reason = "error"

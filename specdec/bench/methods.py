@@ -59,6 +59,8 @@ METHODS = (
                peer="hf-assisted"),
     MethodSpec("medusa", "specdec", "Medusa heads (self-drafting, static tree)", "medusa"),
     MethodSpec("eagle", "specdec", "EAGLE-style head (self-drafting, dynamic tree)", "eagle"),
+    MethodSpec("eagle3", "specdec", "EAGLE-3-style head (fused low/middle/high features, training-time test, "
+               "dynamic tree)", "eagle3"),
     MethodSpec("hf-generate", "transformers", "transformers generate()", hf_mode="plain"),
     MethodSpec("hf-assisted", "transformers", "transformers assisted generation with the same draft model "
                "(its defaults: up to 20 tokens per step, assistant confidence threshold 0.4)", hf_mode="assisted"),
@@ -96,7 +98,7 @@ def checkpoint_for(spec: MethodSpec, target: LoadedModel, checkpoints: dict[str,
 def runnable(spec: MethodSpec, target: LoadedModel, checkpoints: dict[str, str]) -> bool:
     """Self-drafting heads need a trained checkpoint; everything else can always run (the draft model
     falls back to a random stand-in)."""
-    return spec.drafter not in ("medusa", "eagle") or checkpoint_for(spec, target, checkpoints) is not None
+    return spec.drafter not in ("medusa", "eagle", "eagle3") or checkpoint_for(spec, target, checkpoints) is not None
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 # A drafter forward relative to the target's one-row step, on a GPU, bandwidth-bound: an 8B target with
 # a ~1B draft model (1/8) or an EAGLE-style head (one decoder layer plus the LM head: ~1/20).
-DRAFT_COST_RATIO = {"ngram": 0.0, "suffix": 0.0, "draft": 0.125, "eagle": 0.05}
+DRAFT_COST_RATIO = {"ngram": 0.0, "suffix": 0.0, "draft": 0.125, "eagle": 0.05, "eagle3": 0.05}
 MAX_DEPTH = 8
 
 

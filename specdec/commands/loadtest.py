@@ -22,7 +22,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--concurrency", default="1,2,4,8,16", help="comma-separated levels")
     p.add_argument("--requests", type=int, default=16, help="requests per level")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--drafter", choices=("ngram", "suffix", "draft", "medusa", "eagle"), default="ngram",
+    p.add_argument("--drafter", choices=("ngram", "suffix", "draft", "medusa", "eagle", "eagle3"), default="ngram",
                    help="drafter of the local stack")
     p.add_argument("--target", default=None, help="target checkpoint dir of the local stack (default: embedded)")
     p.add_argument("--no-spec", action="store_true", help="local stack without speculation")

@@ -12,7 +12,7 @@ import threading
 from specdec.serving_config import (DraftConfig, RouterConfig, StackConfig, TargetConfig, add_config_args,
                                     config_from_args, load_stack_config)
 
-SELF_DRAFTERS = ("medusa", "eagle")  # read the target's features: they run inside the target worker
+SELF_DRAFTERS = ("medusa", "eagle", "eagle3")  # read the target's features: they run inside the target worker
 PIECES = {"router": (RouterConfig, "router.server"), "draft": (DraftConfig, "draft_service.server"),
           "target": (TargetConfig, "target_service.server")}
 
@@ -23,7 +23,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--target", default=None, help="target checkpoint dir (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--drafter", choices=("ngram", "suffix", "draft") + SELF_DRAFTERS, default="ngram",
                    help="ngram / suffix / draft run in a draft worker; medusa / eagle heads run inside the target worker")
-    p.add_argument("--draft", default=None, help="trained drafter checkpoint dir (draft, medusa, eagle)")
+    p.add_argument("--draft", default=None, help="trained drafter checkpoint dir (draft, medusa, eagle, eagle3)")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--device", default="auto",
                    help="target and draft worker's device: auto (cuda when a GPU is visible, else cpu) | cpu | cuda | "

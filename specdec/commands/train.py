@@ -1,8 +1,10 @@
-"""`specdec train draft|medusa|eagle`: train a drafter for a target on offline text, seeded and time-boxed.
+"""`specdec train draft|medusa|eagle|eagle3`: train a drafter for a target on offline text, seeded and time-boxed.
 
 The target's features are computed once into the cache (--cache) and every recipe reuses them.
 Output dir: weights (bf16 safetensors), loss.png, recipe.json (config, command, steps, held-out
 figures) and a README.md. A run stopped by --minutes records its step count: `--steps N` repeats it.
+eagle3 reads its own cache of fused low/middle/high features (specdec.training.fused) and resumes
+from out/train_state.pt with --resume (optimizer, step, data position kept).
 """
 from __future__ import annotations
 
@@ -10,8 +12,11 @@ import argparse
 import json
 from pathlib import Path
 
-RECIPES = ("draft", "medusa", "eagle")
+RECIPES = ("draft", "medusa", "eagle", "eagle3")
 DEFAULT_SHARDS = "10-19:256:24"  # 2,560 prompts + 240 passages, 516k tokens; ~4.3 min a shard on 2 cores
+# eagle3: other prompt seeds (no overlap with the older heads' text); odd seeds take their documentation
+# passages from installed packages (numpy, sympy, networkx, ...), even ones from the stdlib
+EAGLE3_SHARDS = "20-39:256:24"
 
 
 def add_parser(subparsers) -> None:
@@ -22,10 +27,14 @@ def add_parser(subparsers) -> None:
     p.add_argument("--minutes", type=float, default=10.0, help="optimisation time budget")
     p.add_argument("--steps", type=int, default=0, help="exactly N steps instead of a time budget (reproducible)")
     p.add_argument("--cache", default=None, help="feature cache root (default: $SPECDEC_CACHE or ~/.cache/specdec)")
-    p.add_argument("--shards", default=DEFAULT_SHARDS,
+    p.add_argument("--resume", action="store_true", help="eagle3: continue from OUT/train_state.pt")
+    p.add_argument("--cached-only", action="store_true",
+                   help="eagle3: train on the shards already cached, skipping (not generating) the others")
+    p.add_argument("--shards", default=None,
                    help="feature-cache shards SEED:PROMPTS:PASSAGES (or FIRST-LAST:PROMPTS:PASSAGES for a range of "
                         "seeds), comma-separated: prompts the target answers (its greedy answers are the training "
-                        "text) and raw stdlib passages, per prompt seed; each shard is cached on its own")
+                        f"text) and raw stdlib passages, per prompt seed; each shard is cached on its own "
+                        f"(default {DEFAULT_SHARDS}; eagle3: {EAGLE3_SHARDS})")
     p.add_argument("--max-new-tokens", type=int, default=128, help="length of the target's answers")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1,
@@ -44,13 +53,22 @@ def run(args: argparse.Namespace) -> int:
 
     if args.minutes <= 0 or args.steps < 0:
         raise InvalidArgument("--minutes must be > 0 and --steps >= 0")
+    if (args.resume or args.cached_only) and args.recipe != "eagle3":
+        raise InvalidArgument("--resume and --cached-only apply to the eagle3 recipe only")
+    if args.max_new_tokens <= 0:
+        raise InvalidArgument("--max-new-tokens must be > 0")
     torch.set_num_threads(max(args.threads, 1))
     torch.manual_seed(args.seed)
     target = load_model(args.target, torch.float32)
     if target.tokenizer is None:
         raise InvalidArgument("training needs a target with a tokenizer (its chat template writes the prompts)")
-    shards = [shard for text in args.shards.split(",") for shard in parse_shards(text, args.max_new_tokens)]
     root = Path(args.cache) if args.cache else cache_dir()
+    if args.recipe == "eagle3":
+        from specdec.commands.train_eagle3 import run_eagle3
+
+        return run_eagle3(args, target, root)
+    shards = [shard for text in (args.shards or DEFAULT_SHARDS).split(",")
+              for shard in parse_shards(text, args.max_new_tokens)]
     fs = concat([build_or_load(target, shard, root) for shard in shards])
     out = Path(args.out or f"specdec-{args.recipe}")
     budget = Budget(minutes=args.minutes, max_steps=args.steps)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from specdec.errors import InvalidArgument
 
-DRAFTERS = ("none", "ngram", "suffix", "draft", "medusa", "eagle")
+DRAFTERS = ("none", "ngram", "suffix", "draft", "medusa", "eagle", "eagle3")
 
 # Options each drafter accepts through Engine.from_pretrained(**drafter_options).
 DRAFTER_OPTIONS = {
@@ -13,8 +13,9 @@ DRAFTER_OPTIONS = {
     "draft": {"tree_width", "q_top_n"},
     "medusa": {"num_nodes"},
     "eagle": {"num_nodes", "top_k", "depth"},
+    "eagle3": {"num_nodes", "top_k", "depth"},
 }
-TRAINED_DRAFTERS = ("draft", "medusa", "eagle")  # take a trained checkpoint dir (draft=PATH)
+TRAINED_DRAFTERS = ("draft", "medusa", "eagle", "eagle3")  # take a trained checkpoint dir (draft=PATH)
 # draft="random" with drafter "draft": an untrained 1-layer stand-in sharing the target's vocabulary.
 # It accepts almost nothing; tests and overhead measurements ask for it by this name, nobody gets it by default.
 RANDOM_DRAFT = "random"
@@ -45,7 +46,7 @@ def build_drafter(name: str, target, draft_path, options: dict, dtype, runner_co
         from specdec.drafters.suffix import SuffixConfig, SuffixDrafter
 
         return SuffixDrafter(SuffixConfig(**options))
-    if name in ("medusa", "eagle"):
+    if name in ("medusa", "eagle", "eagle3"):
         from specdec.drafters.trained import build_self_drafter
 
         return build_self_drafter(name, target, draft_path, options)

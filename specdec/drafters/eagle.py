@@ -80,7 +80,8 @@ class EagleSession:
         frontier = [(-1, root_out)]  # (node, predicted feature whose children to draft)
         for level in range(1, depth + 1):
             new_nodes = []
-            logps = torch.log_softmax(torch.stack([f for _, f in frontier]) @ d.head_weight.T, dim=-1)  # [F, V']
+            logps = torch.log_softmax(d.head.lm_input(torch.stack([f for _, f in frontier])) @ d.head_weight.T,
+                                     dim=-1)  # [F, V']
             top = torch.topk(logps, k, dim=-1)
             for (parent, _), values, indices in zip(frontier, top.values.tolist(), top.indices.tolist()):
                 base = scores[parent] if parent >= 0 else 0.0
@@ -129,10 +130,10 @@ def rerank(tokens: list[int], parents: list[int], scores: list[float], levels: l
 
 
 class EagleDrafter:
-    name = "eagle"
-
     def __init__(self, head: EagleHead, vocab_ids: torch.Tensor, embed_weight: torch.Tensor,
                  head_weight: torch.Tensor, config: EagleConfig):
+        self.name = "eagle3" if config.feature_layers else "eagle"
+        self.feature_layers = config.feature_layers  # the engine's runner keeps these layers' states (EAGLE-3)
         self.device = embed_weight.device  # the head runs where the target's features are
         self.head = head.to(self.device)
         self.config = config
@@ -146,9 +147,16 @@ class EagleDrafter:
         return self.embed_weight[torch.tensor(token_ids, dtype=torch.long, device=self.device)].to(self.dtype)  # [n, H]
 
     @classmethod
-    def load(cls, path: Path, model, runner, num_nodes: int = 0, top_k: int = 0, depth: int = 0) -> EagleDrafter:
+    def load(cls, path: Path, model, runner, num_nodes: int = 0, top_k: int = 0, depth: int = 0,
+             fused: bool = False) -> EagleDrafter:
+        """fused: the caller asked for an EAGLE-3-style head (drafter eagle3), which `path` must hold."""
         head, vocab_ids = load_eagle(path, runner.dtype)
         config = head.c
+        if fused != bool(config.feature_layers):
+            want, got = ("eagle3", "eagle") if fused else ("eagle", "eagle3")
+            raise InvalidArgument(f"{str(path)!r} holds an {got} head, not an {want} one")
+        if any(k < 1 or k >= runner.config.num_hidden_layers for k in config.feature_layers):
+            raise InvalidArgument(f"the EAGLE-3 head in {str(path)!r} reads layers the target lacks")
         if runner.head_weight is None or config.hidden_size != runner.head_weight.shape[1] \
                 or config.target_vocab_size != runner.vocab_size:
             raise InvalidArgument(f"the EAGLE head in {str(path)!r} was trained for another target")

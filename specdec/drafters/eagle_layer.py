@@ -5,6 +5,11 @@ transformers because the drafter drives its own tiny KV cache with tree masks, a
 same code over whole windows: one forward signature for both, plain tensors for the cache.
 Input at position t is (f_t, embed(x_{t+1})); the output predicts f_{t+1}, the target's feature,
 which the target's own LM head turns into the distribution of x_{t+2}.
+
+With feature_layers (EAGLE-3), f_t is the target's hidden states after a low, a middle and a high layer,
+concatenated and projected to the hidden size by `fuse`; the output is no longer asked to equal a
+target feature: it goes through the head's own final norm into the (reduced) LM head, and at depth > 1
+it is fed back as the next input feature, as the training-time test trains it to be.
 """
 from __future__ import annotations
 
@@ -29,6 +34,11 @@ class EagleConfig:
     top_k: int = 8  # children per expanded node, and nodes expanded per depth
     depth: int = 6  # tree depth
     num_nodes: int = 24  # the rerank budget: nodes sent to verification
+    feature_layers: tuple[int, ...] = ()  # EAGLE-3: hidden_states indices fused as input; () = the last feature
+
+    @property
+    def num_fused(self) -> int:
+        return max(len(self.feature_layers), 1)
 
     @staticmethod
     def for_target(config, **kw) -> EagleConfig:
@@ -45,7 +55,9 @@ class EagleConfig:
 
     @staticmethod
     def load(path: Path) -> EagleConfig:
-        return EagleConfig(**json.loads(path.read_text()))
+        fields = json.loads(path.read_text())
+        fields["feature_layers"] = tuple(fields.get("feature_layers", ()))
+        return EagleConfig(**fields)
 
 
 class RMSNorm(torch.nn.Module):
@@ -83,14 +95,24 @@ class EagleHead(torch.nn.Module):
         self.gate_proj = torch.nn.Linear(h, c.intermediate_size, bias=False)
         self.up_proj = torch.nn.Linear(h, c.intermediate_size, bias=False)
         self.down_proj = torch.nn.Linear(c.intermediate_size, h, bias=False)
+        if c.feature_layers:  # EAGLE-3: fused layers in, the head's own final norm before the LM head
+            self.fuse = torch.nn.Linear(c.num_fused * h, h, bias=False)
+            self.norm = RMSNorm(h, c.rms_eps)
+
+    def lm_input(self, out: torch.Tensor) -> torch.Tensor:
+        """out [..., H] (the layer's output) -> what the LM head reads."""
+        return self.norm(out) if self.c.feature_layers else out
 
     def forward(self, feats: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
                 past: tuple[torch.Tensor, torch.Tensor] | None = None, mask: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """feats, embeds [B, n, H]; positions [n]; past (k, v) [B, kv_heads, L, d]; mask bool [n, L + n]
-        (None = causal). Returns (predicted next features [B, n, H], (k, v) [B, kv_heads, L + n, d])."""
+        """feats [B, n, H] or fused target features [B, n, num_fused * H]; embeds [B, n, H]; positions [n];
+        past (k, v) [B, kv_heads, L, d]; mask bool [n, L + n] (None = causal).
+        Returns (outputs [B, n, H], (k, v) [B, kv_heads, L + n, d])."""
         c = self.c
         b, n, _ = feats.shape
+        if feats.shape[-1] != c.hidden_size:
+            feats = self.fuse(feats)
         x = self.fc(torch.cat([feats, embeds], dim=-1))  # [B, n, H]
         y = self.input_norm(x)
         q = rope(self.q_proj(y).view(b, n, c.num_heads, c.head_dim).transpose(1, 2), positions, c.rope_theta)

@@ -27,7 +27,7 @@ def shipped_checkpoint(name: str, target) -> Path | None:
 
 
 def build_self_drafter(name: str, target, draft_path, options: dict):
-    """A Medusa or EAGLE drafter reading `target`'s features, from draft_path or the shipped checkpoint."""
+    """A Medusa, EAGLE or EAGLE-3 drafter reading `target`'s features, from draft_path or the shipped checkpoint."""
     from specdec.models.runner import ModelRunner
 
     path = Path(draft_path).expanduser() if draft_path is not None else shipped_checkpoint(name, target)
@@ -41,4 +41,4 @@ def build_self_drafter(name: str, target, draft_path, options: dict):
         return MedusaDrafter.load(path, runner, **options)
     from specdec.drafters.eagle import EagleDrafter
 
-    return EagleDrafter.load(path, target.model, runner, **options)
+    return EagleDrafter.load(path, target.model, runner, fused=name == "eagle3", **options)

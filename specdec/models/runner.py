@@ -68,11 +68,37 @@ class ModelRunner:
         self.vocab_ids = vocab_ids.to(self.device) if plain_head and vocab_ids is not None else None
         if self.vocab_ids is not None:
             self.head_weight = head.weight.detach()[self.vocab_ids].contiguous()
+        self.feature_layers: tuple[int, ...] = ()  # hidden_states indices kept for a fused-feature head
+        self.captured: dict[int, torch.Tensor] = {}  # the last forward's output of each such layer
         self.graphs = None
         if config.cuda_graphs:
             from specdec.graphs import GraphedDecoder
 
             self.graphs = GraphedDecoder(self)
+
+    def capture_layers(self, layers: tuple[int, ...]) -> None:
+        """Keep the hidden states after these layers (hidden_states indices: k = after k decoder layers) from
+        every forward, for a head that reads them fused (EAGLE-3). Hooks only keep references: no extra
+        pass, no copy; `features` concatenates them when a sequence asks."""
+        layers = tuple(layers)
+        if layers == self.feature_layers:
+            return
+        if self.feature_layers:
+            raise ValueError(f"this runner already captures layers {self.feature_layers}, not {layers}")
+        self.feature_layers = layers
+        for k in layers:
+            self.decoder.layers[k - 1].register_forward_hook(lambda _m, _a, out, k=k: self._keep(k, out))
+
+    def _keep(self, k: int, output) -> None:
+        self.captured[k] = output[0] if isinstance(output, tuple) else output
+
+    def features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What a feature-reading head keeps for the last forward's rows: `hidden` ([n, H] or [B, N, H]) itself,
+        or with captured layers their states fused, [n, F] or [B, N, F] (F = len(layers) * H)."""
+        if not self.feature_layers:
+            return hidden
+        fused = torch.cat([self.captured[k] for k in self.feature_layers], dim=-1)  # [B, N, F]
+        return fused[0] if hidden.dim() == 2 else fused
 
     def new_cache(self, capacity: int | None = None) -> DynamicCache | StaticKVCache:
         """An empty cache. capacity: the most entries it will hold (a static cache preallocates that
@@ -106,7 +132,7 @@ class ModelRunner:
     def forward_batch(self, input_ids: torch.Tensor, cache: DynamicCache, attn_bias: torch.Tensor,
                       positions: torch.Tensor) -> torch.Tensor:
         """Padded batch: input_ids [B, N], attn_bias [B, 1, N, cached + N], positions [B, N] -> hidden [B, N, H]."""
-        if self.graphs is not None and self.graphs.active:
+        if self.graphs is not None and self.graphs.active and not self.feature_layers:  # replays skip the hooks
             return self.graphs.forward_batch(input_ids, cache, attn_bias, positions)
         return self.eager_forward_batch(input_ids, cache, attn_bias, positions)
 

@@ -47,13 +47,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-adaptive", action="store_true", help="always draft num_speculative_tokens deep")
     p.add_argument("--num-speculative-tokens", type=int, default=8)
+    p.add_argument("--option", action="append", default=[], metavar="DRAFTER:KEY=VALUE",
+                   help="a drafter option (integer), e.g. eagle3:num_nodes=60; repeatable")
     p.add_argument("--out", default=None, help="JSON results file")
     args = p.parse_args(argv)
+    options: dict[str, dict[str, int]] = defaultdict(dict)
+    for item in args.option:
+        try:
+            drafter, _, pair = item.partition(":")
+            key, _, value = pair.partition("=")
+            options[drafter][key] = int(value)
+        except ValueError:
+            p.error(f"--option takes DRAFTER:KEY=INTEGER, got {item!r}")
     torch.set_num_threads(args.threads)
     questions = load_questions(resolve_questions_path(args.questions), args.per_category)
     methods = args.methods.split(",")
     engines = {m: Engine.from_pretrained(drafter=m, adaptive=not args.no_adaptive,
-                                         num_speculative_tokens=args.num_speculative_tokens) for m in methods}
+                                         num_speculative_tokens=args.num_speculative_tokens, **options.get(m, {}))
+               for m in methods}
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     rows: dict[tuple[str, str], dict] = defaultdict(lambda: defaultdict(float))
     mismatches = []
@@ -88,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
                       "speedup": tps / (base["tokens"] / max(base["seconds"], 1e-9))})
     result = {"questions": [q.question_id for q in questions], "max_new_tokens": args.max_new_tokens,
               "adaptive": not args.no_adaptive, "num_speculative_tokens": args.num_speculative_tokens,
-              "threads": args.threads, "lossless_mismatches": mismatches, "costs": costs, "table": table}
+              "threads": args.threads, "drafter_options": options, "lossless_mismatches": mismatches, "costs": costs,
+              "table": table}
     print(json.dumps(result, indent=1))
     print(render_table(result))
     if args.out:

@@ -36,6 +36,38 @@ def stdlib_docstrings(max_files: int = 400, min_chars: int = 200) -> tuple[tuple
     return tuple(found)
 
 
+PACKAGE_DIRS = ("numpy", "sympy", "networkx", "matplotlib", "jinja2", "click", "requests", "pygments", "rich",
+                "httpx", "hypothesis", "pydantic", "yaml", "dateutil", "attr", "packaging", "markdown_it")
+
+
+@lru_cache(maxsize=2)
+def package_docstrings(max_files_per_package: int = 60, min_chars: int = 200) -> tuple[tuple[str, str], ...]:
+    """(name, docstring) pairs from installed third-party packages (numpy, sympy, networkx, ...): a second,
+    broader source of documentation than the stdlib (maths, graphs, plotting, HTTP, templating)."""
+    root = Path(sysconfig.get_paths()["purelib"])
+    found: list[tuple[str, str]] = []
+    for package in PACKAGE_DIRS:
+        for path in sorted((root / package).rglob("*.py"))[:max_files_per_package]:
+            if "test" in path.parts[-2] or path.name.startswith("test"):
+                continue
+            try:
+                tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+            except (SyntaxError, ValueError):
+                continue
+            for node in [tree, *ast.walk(tree)]:
+                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)):
+                    doc = ast.get_docstring(node)
+                    if doc and len(doc) >= min_chars:
+                        name = path.stem if isinstance(node, ast.Module) else f"{package}.{node.name}"
+                        found.append((name, doc.strip()))
+    return tuple(found)
+
+
+def docstrings(source: str) -> tuple[tuple[str, str], ...]:
+    """The documentation passages of a prompt source: "stdlib" or "packages"."""
+    return package_docstrings() if source == "packages" else stdlib_docstrings()
+
+
 def _math_problem(rng: random.Random) -> str:
     """A GSM8K-style word problem with fresh names and numbers."""
     a, b, c, d = rng.randint(2, 60), rng.randint(2, 30), rng.randint(2, 12), rng.randint(2, 9)
@@ -106,11 +138,11 @@ def _prompt(kind: int, rng: random.Random, name: str, doc: str) -> str:
                        f"Write a usage example for {name}, based on its documentation:\n\n{passage[:700]}"))
 
 
-def chat_prompts(seed: int = 0, num_prompts: int = 320) -> list[str]:
+def chat_prompts(seed: int = 0, num_prompts: int = 320, source: str = "stdlib") -> list[str]:
     """num_prompts distinct requests, seeded, the task families in turn; different seeds give different
     prompts (families compose word lists, numbers and stdlib docstrings at random, so repeats are rare)."""
     rng = random.Random(seed)
-    docs = list(stdlib_docstrings())
+    docs = list(docstrings(source))
     rng.shuffle(docs)
     prompts: dict[str, None] = {}
     attempts = 0
@@ -121,8 +153,8 @@ def chat_prompts(seed: int = 0, num_prompts: int = 320) -> list[str]:
     return list(prompts)
 
 
-def stdlib_passages(num_passages: int, seed: int = 0) -> list[str]:
+def stdlib_passages(num_passages: int, seed: int = 0, source: str = "stdlib") -> list[str]:
     """Raw docstring passages, teacher-forced (labels are then the target's own next-token argmax)."""
-    docs = [doc for _, doc in stdlib_docstrings()]
+    docs = [doc for _, doc in docstrings(source)]
     random.Random(seed + 1).shuffle(docs)
     return docs[:num_passages]

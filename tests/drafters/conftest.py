@@ -38,3 +38,35 @@ def tiny_eagle_dir(tiny_features, tmp_path_factory):
     train_eagle(fs, target.model, EagleRecipe(window_len=24, batch_size=4, num_heldout_seqs=4, top_k=3, depth=4,
                                               num_nodes=12), Budget(max_steps=10), out)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_deep_target(tmp_path_factory):
+    """A 4-layer tiny Llama: an EAGLE-3 head fuses its layers 1, 2 and 3."""
+    from conftest import make_tiny_llama
+
+    return str(make_tiny_llama(tmp_path_factory.mktemp("tiny-deep"), seed=5, layers=4))
+
+
+@pytest.fixture(scope="session")
+def tiny_fused(tiny_deep_target, tmp_path_factory):
+    from specdec.models.loader import load_model
+    from specdec.training.fused import FusedShard, build_shard
+
+    target = load_model(tiny_deep_target, torch.float32)
+    prompts = [[(7 * i + j) % 90 + 3 for j in range(4)] for i in range(24)]
+    shard = FusedShard(seed=0, max_new_tokens=24, batch_size=24)
+    return target, build_shard(target, shard, tmp_path_factory.mktemp("fused"), prompts)
+
+
+@pytest.fixture(scope="session")
+def tiny_eagle3_dir(tiny_fused, tmp_path_factory):
+    from specdec.training.common import Budget
+    from specdec.training.eagle3 import Eagle3Recipe, train_eagle3
+    from specdec.training.fused import default_layers
+
+    target, fs = tiny_fused
+    out = tmp_path_factory.mktemp("eagle3")
+    recipe = Eagle3Recipe(window_len=24, batch_size=4, num_heldout_seqs=4, top_k=3, depth=4, num_nodes=12, ttt_steps=3)
+    train_eagle3(fs, target.model, recipe, Budget(max_steps=12), out, feature_layers=default_layers(4))
+    return out

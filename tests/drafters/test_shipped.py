@@ -9,7 +9,7 @@ from safetensors import safe_open
 from specdec import Engine, SamplingParams
 from specdec.drafters.trained import checkpoints_dir
 
-NAMES = ("draft", "medusa", "eagle")
+NAMES = ("draft", "medusa", "eagle", "eagle3")
 PROMPT = "Write a Python function that returns the square of a number."
 PARAMS = SamplingParams(max_new_tokens=24)
 pytestmark = pytest.mark.skipif(not all((checkpoints_dir() / n).is_dir() for n in NAMES),
