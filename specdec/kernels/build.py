@@ -15,7 +15,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("rowgemm.cpp")
+SOURCES = [Path(__file__).with_name(name) for name in ("rowgemm.cpp", "attention.cpp")]
 ISA_NAMES = ("scalar", "avx2", "avx512", "avx512_bf16")  # rowgemm.cpp's Isa enum, by value
 
 
@@ -48,7 +48,7 @@ def load_kernel() -> Kernel:
 
         build_dir = cache_dir() / "kernels"
         build_dir.mkdir(parents=True, exist_ok=True)
-        module = load(name="specdec_rowgemm", sources=[str(SOURCE)], build_directory=str(build_dir),
+        module = load(name="specdec_rowgemm", sources=[str(s) for s in SOURCES], build_directory=str(build_dir),
                       extra_cflags=["-O3", "-std=c++17"], verbose=False)
     except Exception as exc:  # noqa: BLE001 (any build failure means: keep torch's kernels)
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

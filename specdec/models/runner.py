@@ -54,11 +54,14 @@ class ModelRunner:
         drafted and q is exactly what the drafter samples from. None = the full vocabulary.
         config.kv_cache: "static" (preallocated, committed by index bookkeeping:
         specdec.models.static_cache) or "dynamic" (transformers' DynamicCache, grown by concatenation)."""
+        from specdec.kernels import attention
         from specdec.kernels.linear import PackedLinear, install
 
         self.model = model
         self.run_config = config
         self.linear_kernel = install(model, config.linear_kernel)  # before anything reads the layers
+        # specdec's kernels run the attention too (row-invariant as the linear layers), where they can
+        self.attention_kernel = attention.install(model, self.linear_kernel.kernel == "specdec")
         self.max_rows = MAX_VERIFY_ROWS  # the most rows one forward appends, as caches are sized for
         self.config = model.config
         self.vocab_size = model.config.vocab_size
