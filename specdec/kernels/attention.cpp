@@ -70,21 +70,22 @@ AVX512 void attend_row(const T* q, const T* k, int64_t k_row, const T* v, int64_
     top = s > top ? s : top;
   }
   if (top == -std::numeric_limits<float>::infinity()) top = 0.0f;  // every key hidden: a row of zeros
-  __m512 total = _mm512_setzero_ps();
   const __m512 topv = _mm512_set1_ps(top);
-  for (int64_t j = 0; j < visible; j += 16) {
+  for (int64_t j = 0; j < visible; j += 16) {  // exp lane by lane: a key's p depends on its score alone
     const __mmask16 lanes = visible - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (visible - j)) - 1);
     const __m512 s = _mm512_mask_loadu_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), lanes, scores + j);
-    const __m512 p = exp16(_mm512_sub_ps(s, topv));
-    _mm512_mask_storeu_ps(scores + j, lanes, p);
-    total = _mm512_add_ps(total, p);
+    _mm512_mask_storeu_ps(scores + j, lanes, exp16(_mm512_sub_ps(s, topv)));
   }
-  const float sum = _mm512_reduce_add_ps(total);
+  // The sum and the weighted values run over the seen keys in key order, hidden ones skipped (they add
+  // exactly 0): a row that sees keys with hidden ones between them (a tree's siblings) gets the bits it
+  // gets over those keys alone, contiguous (the accepted path in plain decoding's cache).
+  float sum = 0.0f;
   __m512 acc[MAX_CHUNKS];
   for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm512_setzero_ps();
   for (int64_t j = 0; j < visible; ++j) {
     const float p = scores[j];
-    if (p == 0.0f) continue;  // a hidden key: adding 0 would change nothing
+    if (p == 0.0f) continue;
+    sum += p;
     const __m512 pv = _mm512_set1_ps(p);
     const T* vj = v + j * v_row;
     for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm512_fmadd_ps(pv, load16(vj + 16 * c), acc[c]);

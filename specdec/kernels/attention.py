@@ -54,7 +54,8 @@ def specdec_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
     if mask is not None:
         mask = mask[..., :key.shape[2]]
         if mask.dtype == torch.bool:
-            mask = torch.zeros(mask.shape, dtype=torch.float32).masked_fill_(~mask, float("-inf"))
+            hidden = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+            mask = hidden.masked_fill_(~mask, float("-inf"))
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     return load_kernel().module.attend(query, key, value, mask, scale), None
 
