@@ -1,7 +1,8 @@
 """A model's linear layers on specdec's own row-invariant kernel (rowgemm.cpp), weights packed once.
 
 `install(model, mode)` swaps every plain nn.Linear of a decoder for a PackedLinear holding the
-weight in the kernel's tile layout (specdec.kernels.packing) and returns which kernel runs and why;
+weight in the kernel's tile layout (specdec.kernels.packing), and each RMSNorm for a one-call
+FusedRMSNorm (norm.cpp), and returns which kernel runs and why;
 `install(model, "torch")` swaps them back (unpacking is exact). Tensor-parallel (DTensor) weights,
 GPUs and dtypes the kernel lacks keep torch's F.linear, with the reason logged once per model.
 
@@ -84,6 +85,24 @@ class PackedLinear(torch.nn.Module):
         return linear
 
 
+NORMS = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm"})  # weight * x / rms(x), nothing else
+
+
+class FusedRMSNorm(torch.nn.Module):
+    """One of NORMS in one kernel call per forward instead of ~6 tensor ops (norm.cpp); row-invariant."""
+
+    def __init__(self, original: torch.nn.Module):
+        super().__init__()
+        self.original = original  # what install(model, "torch") puts back
+        self.kernel = load_kernel().module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.original.weight
+        if x.dtype != weight.dtype or not x.is_contiguous():
+            return self.original(x)
+        return self.kernel.rmsnorm(x, weight, self.original.variance_epsilon)
+
+
 def _is_plain(module: torch.nn.Module) -> bool:
     return type(module) is torch.nn.Linear and not hasattr(module.weight, "device_mesh")
 
@@ -102,8 +121,12 @@ def install(model: torch.nn.Module, mode: str) -> KernelChoice:
                 continue
             if choice.kernel == "specdec" and _is_plain(child):
                 swaps.append((module, child_name, PackedLinear(child.weight, child.bias)))
+            elif choice.kernel == "specdec" and type(child).__name__ in NORMS:
+                swaps.append((module, child_name, FusedRMSNorm(child)))
             elif choice.kernel == "torch" and isinstance(child, PackedLinear):
                 swaps.append((module, child_name, child.to_linear()))
+            elif choice.kernel == "torch" and isinstance(child, FusedRMSNorm):
+                swaps.append((module, child_name, child.original))
     for parent, child_name, replacement in swaps:
         setattr(parent, child_name, replacement)
     if getattr(model, "_specdec_linear_kernel", None) != choice:  # said once per model and choice

@@ -95,3 +95,19 @@ def test_sampled_tokens_follow_target_distribution(tiny_target, tiny_noisy_draft
     assert accepted > draws // 2
     kl, tolerance = g_test_kl(counts, exact_joint(target_next_probs(tiny_target, params), prompt), draws)
     assert kl <= tolerance, f"KL {kl:.5f} > tolerance {tolerance:.5f}"
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_rmsnorm_matches_transformers_and_rows_are_invariant(tiny_target, dtype):
+    from specdec.kernels.linear import FusedRMSNorm
+
+    model = load_model(tiny_target, dtype).model
+    install(model, "specdec")
+    norm = model.model.norm
+    assert isinstance(norm, FusedRMSNorm)
+    x = torch.randn(6, model.config.hidden_size).to(dtype)
+    torch.testing.assert_close(norm(x), norm.original(x), rtol=1e-5 if dtype == torch.float32 else 1e-2, atol=1e-5)
+    assert torch.equal(norm(x)[4:5], norm(x[4:5]))
+    install(model, "torch")
+    assert type(model.model.norm).__name__ == "LlamaRMSNorm"
