@@ -98,20 +98,18 @@ def measure(args: argparse.Namespace) -> dict:
     cases = [(c, b) for c in args.contexts for b in args.batches]
     bar = tqdm(total=len(args.dtypes) * len(cases) * len(args.rows), desc="forwards", file=sys.stderr)
     for dtype_name in args.dtypes:
-        model = load_model(args.target, DTYPES[dtype_name]).model
-        runners = {kernel: ModelRunner(model, config=RunnerConfig(linear_kernel=kernel)) for kernel in args.kernels}
-        # install() swaps the layers in place: re-install before each kernel's turn (exact both ways)
+        # one model per kernel: a runner swaps its model's layers in place (specdec.kernels.linear)
+        runners = {kernel: ModelRunner(load_model(args.target, DTYPES[dtype_name]).model,
+                                       config=RunnerConfig(linear_kernel=kernel)) for kernel in args.kernels}
         for context, batch in cases:
             caches = {}
             for kernel, runner in runners.items():
-                runner.linear_kernel = _activate(model, kernel)
                 floors[dtype_name] = weight_bytes(runner) / rate / 1e6
                 caches[kernel] = filled_cache(runner, batch, context)
             for rows in args.rows:
                 times = {k: [] for k in runners}
                 for _ in range(args.repeats + 1):  # the first round warms up
                     for kernel, runner in runners.items():
-                        runner.linear_kernel = _activate(model, kernel)
                         times[kernel].append(time_forward(runner, caches[kernel], batch, context, rows))
                 for kernel, spent in times.items():
                     ms = [1e3 * t for t in spent[1:]]
@@ -119,16 +117,10 @@ def measure(args: argparse.Namespace) -> dict:
                                         asked=kernel, context=context, batch=batch, rows=rows,
                                         best_ms=round(min(ms), 2), median_ms=round(statistics.median(ms), 2)))
                 bar.update()
-        del model, runners
+        del runners, caches
     bar.close()
     return {"machine": machine_info(), "versions": versions(Path(".")), "stream_rate_gbs": round(rate, 1),
             "floor_ms": {k: round(v, 2) for k, v in floors.items()}, "repeats": args.repeats, "results": results}
-
-
-def _activate(model, kernel: str):
-    from specdec.kernels.linear import install
-
-    return install(model, kernel)
 
 
 def render_markdown(report: dict) -> str:
