@@ -116,6 +116,8 @@ def install(model: torch.nn.Module, mode: str) -> KernelChoice:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     swaps = []
     for name, module in model.named_modules():
+        if isinstance(module, FusedRMSNorm):
+            continue  # its `original` is what it runs on, not a layer to swap again
         for child_name, child in module.named_children():
             if child is head:
                 continue

@@ -38,8 +38,12 @@ def test_install_swaps_layers_and_back_exactly(tiny_target):
     with torch.inference_mode():
         want = model(input_ids=ids).logits
     assert install(model, "specdec").kernel == "specdec"
+    assert install(model, "specdec").kernel == "specdec"  # a second runner on the same model: no change
     packed = {n for n, m in model.named_modules() if isinstance(m, PackedLinear)}
     assert packed == set(weights) - {"lm_head"}  # 7 per layer; the tied head is packed by the runner
+    norms = [m for m in model.modules() if type(m).__name__ == "FusedRMSNorm"]
+    assert len(norms) == 2 * model.config.num_hidden_layers + 1
+    assert all(type(m.original).__name__ == "LlamaRMSNorm" for m in norms)
     with torch.inference_mode():
         torch.testing.assert_close(model(input_ids=ids).logits, want, rtol=1e-5, atol=1e-4)
     assert install(model, "torch").kernel == "torch"
