@@ -44,7 +44,7 @@ def cpu_auto_dtype() -> torch.dtype:
     """float32, said once per process with what bfloat16 would do on this CPU.
 
     Where the CPU multiplies bf16 natively (AVX512-BF16) specdec's kernels run it at about half the
-    bytes (plain decoding ~1.6x float32's tokens/s) and, row-invariant, keep greedy speculative output
+    bytes (plain decoding ~1.5x float32's tokens/s) and, row-invariant, keep greedy speculative output
     equal to plain decoding (README, "Forward cost on CPUs"); emulated (AVX2 only), a 16-row verify
     costs ~7x a one-row forward. It stays opt-in (--dtype bfloat16) because bf16 is a different target:
     its sampling distribution is not float32's (the sampling tests' exact references are float32, and
@@ -55,7 +55,7 @@ def cpu_auto_dtype() -> torch.dtype:
     kernel = load_kernel()
     if kernel.runs_bf16:
         log.info("dtype auto: float32 on a CPU (this one runs bfloat16 natively through specdec's kernels: "
-                 "--dtype bfloat16 for ~1.6x the tokens/s)")
+                 "--dtype bfloat16 for ~1.5x the tokens/s)")
     else:
         log.info("dtype auto: float32 on a CPU (no native bfloat16 here: %s)",
                  kernel.reason or f"specdec's kernels run {kernel.isa}")
