@@ -16,6 +16,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name(name) for name in ("rowgemm.cpp", "attention.cpp", "norm.cpp")]
+NAME = "specdec_rowgemm"
 ISA_NAMES = ("scalar", "avx2", "avx512", "avx512_bf16")  # rowgemm.cpp's Isa enum, by value
 
 
@@ -48,12 +49,30 @@ def load_kernel() -> Kernel:
 
         build_dir = cache_dir() / "kernels"
         build_dir.mkdir(parents=True, exist_ok=True)
-        module = load(name="specdec_rowgemm", sources=[str(s) for s in SOURCES], build_directory=str(build_dir),
-                      extra_cflags=["-O3", "-std=c++17"], verbose=False)
+        module = _built(build_dir) or load(name=NAME, sources=[str(s) for s in SOURCES],
+                                           build_directory=str(build_dir), extra_cflags=["-O3", "-std=c++17"],
+                                           verbose=False)
     except Exception as exc:  # noqa: BLE001 (any build failure means: keep torch's kernels)
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         return Kernel(None, f"the rowgemm extension did not build ({first[:200]})")
     return Kernel(module)
+
+
+def _built(build_dir: Path):
+    """The extension already built from these sources, imported without torch's build lock, or None.
+
+    torch's loader takes a lock file in the build directory even when nothing needs building; a
+    worker killed while holding it (a supervised restart, SIGKILL) would leave every later start
+    waiting on that file forever. A build newer than every source needs no lock to be read."""
+    import importlib.util
+
+    library = build_dir / f"{NAME}.so"
+    if not library.is_file() or any(src.stat().st_mtime > library.stat().st_mtime for src in SOURCES):
+        return None
+    spec = importlib.util.spec_from_file_location(NAME, library)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 if __name__ == "__main__":  # `python -m specdec.kernels.build`: build ahead of time (make model)
