@@ -18,9 +18,11 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# Converts the embedded GGUF target once into a safetensors checkpoint (cached under ~/.cache/specdec).
+# Converts the embedded GGUF target once into a safetensors checkpoint (cached under ~/.cache/specdec), and builds
+# specdec's CPU matmul kernel (specdec/kernels/rowgemm.cpp, a torch C++ extension; cached there too).
 model: setup
 	$(PY) -m specdec.models.embedded
+	$(PY) -m specdec.kernels.build
 
 # The local stack (router + suffix-decoding draft worker + target worker, separate processes on
 # 127.0.0.1); one sample request goes through it speculatively and, through a second router on the same

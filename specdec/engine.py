@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
-from specdec.core.types import DEFAULT_KV_CACHE, GenerationOutput, GenerationStats, SamplingParams, tally_accepted
+from specdec.core.types import DEFAULT_KV_CACHE, DEFAULT_LINEAR_KERNEL, GenerationOutput, GenerationStats, SamplingParams, tally_accepted
 from specdec.drafters import build_drafter
 from specdec import parallel
 from specdec.errors import InvalidArgument
@@ -71,13 +71,15 @@ class Engine:
     def from_pretrained(cls, target: str | None = None, drafter: str = "none", draft: str | None = None,
                         *, dtype: str = "auto", num_speculative_tokens: int = 8, adaptive: bool = True,
                         tp: int = 1, kv_cache: str = DEFAULT_KV_CACHE, device: str = "auto",
-                        cuda_graphs: bool = False, **drafter_options) -> Engine:
+                        cuda_graphs: bool = False, linear_kernel: str = DEFAULT_LINEAR_KERNEL,
+                        **drafter_options) -> Engine:
         """target None = the embedded SmolLM2-135M-Instruct; drafter none | ngram | draft | medusa | eagle.
         kv_cache: static (preallocated, the default) | dynamic (transformers' DynamicCache).
         device: auto (cuda when a GPU is visible, else cpu) | cpu | cuda | cuda:N; under tp each rank
         takes its own GPU. A draft model runs on the target's device.
-        cuda_graphs: verify forwards as CUDA graphs for padded shapes (specdec.graphs; eager on a CPU)."""
-        runner = RunnerConfig(kv_cache=kv_cache, cuda_graphs=cuda_graphs)
+        cuda_graphs: verify forwards as CUDA graphs for padded shapes (specdec.graphs; eager on a CPU).
+        linear_kernel: auto | specdec | torch (specdec.kernels.linear; auto = specdec's on a CPU)."""
+        runner = RunnerConfig(kv_cache=kv_cache, cuda_graphs=cuda_graphs, linear_kernel=linear_kernel)
         config = EngineConfig(num_speculative_tokens=num_speculative_tokens, adaptive=adaptive, runner=runner)
         torch_device, torch_dtype = placement(device, dtype, tp)  # refused here, before any weight loads
         if tp > 1:

@@ -11,7 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdec.core.types import DEFAULT_KV_CACHE, check_device_name, check_kv_cache
+from specdec.core.types import (DEFAULT_KV_CACHE, DEFAULT_LINEAR_KERNEL, check_device_name, check_kv_cache,
+                                check_linear_kernel)
 from specdec.errors import InvalidArgument
 from specdec.security_config import LOOPBACK, SecurityConfig
 
@@ -66,9 +67,11 @@ class TargetConfig:
     # overrides it; on a CPU the budget stays max_kv_tokens or max_sequences x the model's context.
     gpu_memory_fraction: float = 0.9
     cuda_graphs: bool = False  # verify forwards as CUDA graphs for padded shapes (eager on a CPU or under tp)
+    linear_kernel: str = DEFAULT_LINEAR_KERNEL  # auto | specdec (row-invariant CPU kernel) | torch (F.linear)
 
     def __post_init__(self) -> None:
         check_kv_cache(self.kv_cache)
+        check_linear_kernel(self.linear_kernel)
         check_device_name(self.device)
         if not 0.0 < self.gpu_memory_fraction <= 1.0:
             raise InvalidArgument(f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}")
@@ -101,9 +104,11 @@ class DraftConfig:
     security: SecurityConfig = SecurityConfig()
     kv_cache: str = DEFAULT_KV_CACHE  # the draft model's KV cache: static | dynamic
     device: str = "auto"  # the draft model's device: auto | cpu | cuda | cuda:N (its own GPU, if it has one)
+    linear_kernel: str = DEFAULT_LINEAR_KERNEL  # the draft model's linear layers: auto | specdec | torch
 
     def __post_init__(self) -> None:
         check_kv_cache(self.kv_cache)
+        check_linear_kernel(self.linear_kernel)
         check_device_name(self.device)
         if self.drafter not in ("ngram", "suffix", "draft"):
             raise InvalidArgument(f"drafter must be ngram, suffix or draft, got {self.drafter!r}")

@@ -122,12 +122,14 @@ def serve(config: TargetConfig) -> int:
     if config.num_threads > 0:
         torch.set_num_threads(config.num_threads)
     loaded = load_model(config.model, dtype, tp_degree=config.tp, device=device)
-    runner = RunnerConfig(kv_cache=config.kv_cache, cuda_graphs=config.cuda_graphs)
+    runner = RunnerConfig(kv_cache=config.kv_cache, cuda_graphs=config.cuda_graphs,
+                          linear_kernel=config.linear_kernel)
     engine_config = EngineConfig(num_speculative_tokens=config.num_speculative_tokens, adaptive=config.adaptive,
                                  runner=runner)
     # a follower has no drafter, no gRPC, only rank 0's model calls
     drafter = None if rank > 0 else build_drafter(config.drafter, loaded, config.draft, {}, dtype,
-                                                  RunnerConfig(kv_cache=config.kv_cache))
+                                                  RunnerConfig(kv_cache=config.kv_cache,
+                                                               linear_kernel=config.linear_kernel))
     engine = Engine(loaded, drafter, engine_config)
     budget = kv_budget.plan(engine, config.max_sequences, config.max_kv_tokens, config.max_batch,
                             config.gpu_memory_fraction, config.tp)  # on GPUs a profiling forward: every rank

@@ -27,6 +27,7 @@ def specdec(*args: str, timeout_s: float = 240) -> subprocess.CompletedProcess:
     (["generate", "--target", "/no/such/dir", "hi"], "does not exist"),
     (["generate", "--drafter", "draft", "--draft", "/no/such/draft", "hi"], "does not exist"),
     (["generate", "--drafter", "suffix", "--tree-width", "2", "hi"], "takes no option tree_width"),
+    (["generate", "--linear-kernel", "fast", "hi"], "linear_kernel must be one of auto, specdec, torch; got 'fast'"),
 ])
 def test_bad_input_is_one_line_exit_2(args, message, smol_path):
     result = specdec(*args)

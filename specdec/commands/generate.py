@@ -6,7 +6,8 @@ import json
 import os
 import sys
 
-from specdec.core.types import DEFAULT_KV_CACHE, KV_CACHES, SamplingParams
+from specdec.core.types import (DEFAULT_KV_CACHE, DEFAULT_LINEAR_KERNEL, KV_CACHES, LINEAR_KERNELS, SamplingParams,
+                                check_linear_kernel)
 from specdec.drafters import DRAFTERS
 
 
@@ -42,6 +43,9 @@ def add_parser(subparsers) -> None:
                    help="verify forwards as CUDA graphs for padded shapes (on a CPU: eager, said once)")
     p.add_argument("--kv-cache", choices=KV_CACHES, default=DEFAULT_KV_CACHE,
                    help="static: preallocated, committed by index bookkeeping; dynamic: transformers' DynamicCache")
+    p.add_argument("--linear-kernel", default=DEFAULT_LINEAR_KERNEL, metavar="{%s}" % ",".join(LINEAR_KERNELS),
+                   help="linear layers on specdec's row-invariant CPU kernel (specdec), torch's F.linear (torch), "
+                        "or specdec's wherever it runs (auto)")
     add_sampling_args(p)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
@@ -65,6 +69,7 @@ def drafter_options(args: argparse.Namespace) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     params = sampling_params(args)  # validate before loading anything
+    check_linear_kernel(args.linear_kernel)
     if args.server is not None:
         from specdec.client import Client, client_options
         from specdec.serving_config import load_stack_config
@@ -89,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
                                     num_speculative_tokens=args.num_speculative_tokens,
                                     adaptive=not args.no_adaptive, tp=args.tp, kv_cache=args.kv_cache,
                                     device=args.device, cuda_graphs=args.cuda_graphs,
+                                    linear_kernel=args.linear_kernel,
                                     **drafter_options(args))
     return _print(args, lambda: engine.stream(args.prompt, params, chat=args.chat))
 

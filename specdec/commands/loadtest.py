@@ -78,6 +78,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def local_stack_config(args: argparse.Namespace, no_spec: bool):
+    """The local stack `specdec serve` would start with its defaults (no_spec: the same target, no drafter)."""
+    from specdec.commands.serve import stack_config
+    from specdec.serving_config import StackConfig, TargetConfig
+
+    ns = argparse.Namespace(config=None, target=args.target, drafter=args.drafter, draft=None, dtype="auto", port=0,
+                            http_port=0, api_keys_file=None, no_pipeline=False, metrics_port=-1, host=None,
+                            insecure=False, device="auto", linear_kernel="auto")
+    config = stack_config(ns)
+    if no_spec:  # the same target worker, with no drafter anywhere
+        config = StackConfig(router=config.router, targets=(TargetConfig(model=args.target),), drafts=())
+    return config
+
+
 class _stack:
     """(gRPC address, HTTP URL or None): as given (--server, --http URL), or a local stack started (and
     stopped) here."""
@@ -88,17 +102,9 @@ class _stack:
     def __enter__(self) -> tuple[str | None, str | None]:
         if self.args.server or self.args.http:
             return self.args.server, self.args.http
-        from specdec.commands.serve import stack_config
         from specdec.launch import start_stack
-        from specdec.serving_config import StackConfig, TargetConfig
 
-        ns = argparse.Namespace(config=None, target=self.args.target, drafter=self.args.drafter, draft=None,
-                                dtype="auto", port=0, http_port=0, api_keys_file=None, no_pipeline=False,
-                                metrics_port=-1, host=None, insecure=False)
-        config = stack_config(ns)
-        if self.no_spec:  # the same target worker, with no drafter anywhere
-            config = StackConfig(router=config.router, targets=(TargetConfig(model=self.args.target),), drafts=())
-        self.stack = start_stack(config)
+        self.stack = start_stack(local_stack_config(self.args, self.no_spec))
         return self.stack.address, f"http://{self.stack.http_address}" if self.args.http is not None else None
 
     def __exit__(self, *exc) -> None:

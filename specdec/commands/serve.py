@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 
+from specdec.core.types import DEFAULT_LINEAR_KERNEL, LINEAR_KERNELS
 from specdec.serving_config import (DraftConfig, RouterConfig, StackConfig, TargetConfig, add_config_args,
                                     config_from_args, load_stack_config)
 
@@ -28,6 +29,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--device", default="auto",
                    help="target and draft worker's device: auto (cuda when a GPU is visible, else cpu) | cpu | cuda | "
                         "cuda:N (for per-worker devices use --config or `serve target|draft --device`)")
+    p.add_argument("--linear-kernel", default=DEFAULT_LINEAR_KERNEL, metavar="{%s}" % ",".join(LINEAR_KERNELS),
+                   help="target and draft model's linear layers: specdec's row-invariant CPU kernel (specdec), "
+                        "torch's F.linear (torch), or specdec's wherever it runs (auto)")
     p.add_argument("--port", type=int, default=0, help="router gRPC port (0 = any free port)")
     p.add_argument("--http-port", type=int, default=0,
                    help="router's OpenAI-compatible HTTP API port (0 = any free port, -1 = none)")
@@ -81,13 +85,14 @@ def _stack_config(args: argparse.Namespace) -> StackConfig:
     if args.drafter in SELF_DRAFTERS:
         return StackConfig(router=router, drafts=(),
                            targets=(TargetConfig(model=args.target, dtype=args.dtype, drafter=args.drafter,
-                                                 draft=args.draft, metrics_port=workers, device=args.device),))
+                                                 draft=args.draft, metrics_port=workers, device=args.device,
+                                                 linear_kernel=args.linear_kernel),))
     return StackConfig(router=router,
                        targets=(TargetConfig(model=args.target, dtype=args.dtype, metrics_port=workers,
-                                             device=args.device),),
+                                             device=args.device, linear_kernel=args.linear_kernel),),
                        drafts=(DraftConfig(drafter=args.drafter, model=args.draft, target_model=args.target,
                                            dtype=args.dtype, pipeline=not args.no_pipeline, metrics_port=workers,
-                                           device=args.device),))
+                                           device=args.device, linear_kernel=args.linear_kernel),))
 
 
 def run_stack(args: argparse.Namespace) -> int:

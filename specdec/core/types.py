@@ -22,6 +22,21 @@ KV_CACHES = ("static", "dynamic")
 DEFAULT_KV_CACHE = "static"
 
 
+# Which kernel runs a model's linear layers (specdec.kernels.linear): "specdec" is the project's own
+# row-invariant multi-row matmul (specdec/kernels/rowgemm.cpp, CPUs only), "torch" is F.linear, "auto"
+# is specdec's where it runs (a CPU, no tensor parallelism, the extension built, the dtype supported)
+# and torch's elsewhere. The README's "Forward cost on CPUs" section has the measurement behind it.
+LINEAR_KERNELS = ("auto", "specdec", "torch")
+DEFAULT_LINEAR_KERNEL = "auto"
+
+
+def check_linear_kernel(kind) -> str:
+    """The one rule for a linear_kernel option (engine, CLI, serving configs)."""
+    if kind not in LINEAR_KERNELS:
+        raise InvalidArgument(f"linear_kernel must be one of {', '.join(LINEAR_KERNELS)}; got {kind!r}")
+    return kind
+
+
 def check_kv_cache(kind) -> str:
     """The one rule for a kv_cache option (engine, CLI, serving configs): one line naming the kinds."""
     if kind not in KV_CACHES:

@@ -12,7 +12,7 @@ import torch
 from transformers import DynamicCache
 
 from specdec.core.tree import TreeLayout, attention_bias, position_ids
-from specdec.core.types import DEFAULT_KV_CACHE, check_kv_cache
+from specdec.core.types import DEFAULT_KV_CACHE, DEFAULT_LINEAR_KERNEL, check_kv_cache, check_linear_kernel
 from specdec.models.static_cache import DEFAULT_CAPACITY, StaticKVCache
 
 
@@ -37,9 +37,13 @@ class RunnerConfig:
     # Verify forwards as CUDA graphs for padded shapes (specdec.graphs); eager where graphs cannot run
     # (a CPU, tensor parallelism, a dynamic cache), with the reason logged once.
     cuda_graphs: bool = False
+    # auto | specdec | torch: the linear layers and LM head on specdec's row-invariant CPU kernel
+    # (specdec.kernels.linear) or on torch's F.linear; auto = specdec's wherever it runs.
+    linear_kernel: str = DEFAULT_LINEAR_KERNEL
 
     def __post_init__(self) -> None:
         check_kv_cache(self.kv_cache)
+        check_linear_kernel(self.linear_kernel)
 
 
 class ModelRunner:
@@ -50,8 +54,14 @@ class ModelRunner:
         drafted and q is exactly what the drafter samples from. None = the full vocabulary.
         config.kv_cache: "static" (preallocated, committed by index bookkeeping:
         specdec.models.static_cache) or "dynamic" (transformers' DynamicCache, grown by concatenation)."""
+        from specdec.kernels import attention
+        from specdec.kernels.linear import PackedLinear, install
+
         self.model = model
         self.run_config = config
+        self.linear_kernel = install(model, config.linear_kernel)  # before anything reads the layers
+        # specdec's kernels run the attention too (row-invariant as the linear layers), where they can
+        self.attention_kernel = attention.install(model, self.linear_kernel.kernel == "specdec")
         self.max_rows = MAX_VERIFY_ROWS  # the most rows one forward appends, as caches are sized for
         self.config = model.config
         self.vocab_size = model.config.vocab_size
@@ -70,6 +80,9 @@ class ModelRunner:
             self.head_weight = head.weight.detach()[self.vocab_ids].contiguous()
         self.feature_layers: tuple[int, ...] = ()  # hidden_states indices kept for a fused-feature head
         self.captured: dict[int, torch.Tensor] = {}  # the last forward's output of each such layer
+        self.packed_head = None  # the head's weight packed for rowgemm: logits straight in float32
+        if self.head_weight is not None and self.linear_kernel.kernel == "specdec":
+            self.packed_head = PackedLinear(self.head_weight, None)
         self.graphs = None
         if config.cuda_graphs:
             from specdec.graphs import GraphedDecoder
@@ -150,7 +163,9 @@ class ModelRunner:
         """
         if self.head_weight is None:
             return self.head(hidden).float()
-        if hidden.shape[0] == 1 or self.device.type != "cpu":
+        if self.packed_head is not None:
+            logits = self.packed_head(hidden, out_fp32=True)
+        elif hidden.shape[0] == 1 or self.device.type != "cpu":
             logits = torch.nn.functional.linear(hidden, self.head_weight).float()
         else:
             logits = (self.head_weight @ hidden.T).T.float()

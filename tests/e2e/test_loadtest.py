@@ -64,3 +64,15 @@ def test_bad_http_url_exits_2():
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "specdec: error: --http must be http://HOST:PORT or https://HOST:PORT, got 'ftp://127.0.0.1:1'"]
+
+
+def test_local_stack_config_has_every_serve_default():
+    """--compare builds `specdec serve`'s stack from its own namespace: every option serve reads must be there."""
+    import argparse
+
+    from specdec.commands.loadtest import local_stack_config
+
+    args = argparse.Namespace(target=None, drafter="ngram")
+    spec, plain = local_stack_config(args, no_spec=False), local_stack_config(args, no_spec=True)
+    assert [d.drafter for d in spec.drafts] == ["ngram"] and plain.drafts == ()
+    assert spec.targets[0].linear_kernel == "auto" and spec.targets[0].device == "auto"

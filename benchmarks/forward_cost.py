@@ -1,0 +1,205 @@
+"""Milliseconds per target forward against its row count, beside the memory-bandwidth floor.
+
+    .venv/bin/python benchmarks/forward_cost.py            # rows 1-32, 256 and 1024 cached, batch 1 and 8
+    .venv/bin/python benchmarks/forward_cost.py --quick    # rows 1, 8, 16; 256 cached; batch 1
+
+A verify forward over k draft tokens must cost about what a one-token forward costs, or speculation
+cannot pay. Each case fills a static KV cache with `context` tokens per sequence (untimed), then times
+one forward of `rows` new tokens per sequence (causal, as a chain of drafts is verified) plus the LM
+head over every row, and rolls the cache back; kernels alternate case by case so drift on a shared
+machine hits both alike. Reported: the fastest and the median of `--repeats`.
+
+The floor is the bytes every forward must read (each linear weight and the LM head once, in the
+dtype) over the memory-stream rate measured here (a large tensor summed on torch's threads). Writes
+forward_cost.json, forward_cost.md and forward_cost.png under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from specdec.bench.machine import machine_info, versions
+from specdec.models.loader import DTYPES, load_model
+from specdec.models.runner import ModelRunner, RunnerConfig
+
+OUT = Path("benchmarks/results/forward_cost")
+
+
+def stream_rate_gbs(num_bytes: int = 1 << 30, repeats: int = 5) -> float:
+    """Memory read rate: the fastest of `repeats` sums of a float32 tensor far larger than any cache."""
+    data = torch.ones(num_bytes // 4)
+    data.sum()
+    best = min(_timed(data.sum) for _ in range(repeats))
+    return num_bytes / best / 1e9
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def weight_bytes(runner: ModelRunner) -> int:
+    """Bytes a forward streams: every linear layer's weight and the LM head (tied or not), in their dtype."""
+    from specdec.kernels.linear import PackedLinear
+
+    total = runner.head_weight.numel() * runner.head_weight.element_size()
+    for module in runner.decoder.modules():
+        if isinstance(module, PackedLinear):
+            total += module.out_features * module.in_features * module.packed.element_size()
+        elif isinstance(module, torch.nn.Linear):
+            total += module.weight.numel() * module.weight.element_size()
+    return total
+
+
+def causal_bias(batch: int, rows: int, cached: int, dtype: torch.dtype) -> torch.Tensor:
+    """[batch, 1, rows, cached + rows]: every past entry visible, the new rows causal among themselves."""
+    bias = torch.zeros(rows, cached + rows, dtype=dtype)
+    bias[:, cached:] = torch.full((rows, rows), torch.finfo(dtype).min, dtype=dtype).triu(1)
+    return bias.expand(batch, 1, rows, cached + rows)
+
+
+def filled_cache(runner: ModelRunner, batch: int, context: int):
+    """A static cache holding `context` random tokens per sequence (prefilled in 256-token chunks)."""
+    cache = runner.new_cache(context + 64)
+    generator = torch.Generator().manual_seed(0)
+    for start in range(0, context, 256):
+        n = min(256, context - start)
+        ids = torch.randint(0, runner.vocab_size, (batch, n), generator=generator)
+        positions = torch.arange(start, start + n).expand(batch, n)
+        runner.forward_batch(ids, cache, causal_bias(batch, n, start, runner.dtype), positions)
+    return cache
+
+
+def time_forward(runner: ModelRunner, cache, batch: int, context: int, rows: int) -> float:
+    ids = torch.randint(0, runner.vocab_size, (batch, rows))
+    positions = torch.arange(context, context + rows).expand(batch, rows)
+    bias = causal_bias(batch, rows, context, runner.dtype)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        hidden = runner.forward_batch(ids, cache, bias, positions)
+        runner.logits(hidden.reshape(batch * rows, -1))
+    elapsed = time.perf_counter() - start
+    cache.trim(context)
+    return elapsed
+
+
+def measure(args: argparse.Namespace) -> dict:
+    torch.set_num_threads(args.threads or torch.get_num_threads())
+    rate = stream_rate_gbs()
+    results, floors = [], {}
+    cases = [(c, b) for c in args.contexts for b in args.batches]
+    bar = tqdm(total=len(args.dtypes) * len(cases) * len(args.rows), desc="forwards", file=sys.stderr)
+    for dtype_name in args.dtypes:
+        # one model per kernel: a runner swaps its model's layers in place (specdec.kernels.linear)
+        runners = {kernel: ModelRunner(load_model(args.target, DTYPES[dtype_name]).model,
+                                       config=RunnerConfig(linear_kernel=kernel)) for kernel in args.kernels}
+        for context, batch in cases:
+            caches = {}
+            for kernel, runner in runners.items():
+                floors[dtype_name] = weight_bytes(runner) / rate / 1e6
+                caches[kernel] = filled_cache(runner, batch, context)
+            for rows in args.rows:
+                times = {k: [] for k in runners}
+                for _ in range(args.repeats + 1):  # the first round warms up
+                    for kernel, runner in runners.items():
+                        times[kernel].append(time_forward(runner, caches[kernel], batch, context, rows))
+                for kernel, spent in times.items():
+                    ms = [1e3 * t for t in spent[1:]]
+                    results.append(dict(dtype=dtype_name, kernel=runners[kernel].linear_kernel.kernel,
+                                        asked=kernel, context=context, batch=batch, rows=rows,
+                                        best_ms=round(min(ms), 2), median_ms=round(statistics.median(ms), 2)))
+                bar.update()
+        del runners, caches
+    bar.close()
+    return {"machine": machine_info(), "versions": versions(Path(".")), "stream_rate_gbs": round(rate, 1),
+            "floor_ms": {k: round(v, 2) for k, v in floors.items()}, "repeats": args.repeats, "results": results}
+
+
+def render_markdown(report: dict) -> str:
+    m = report["machine"]
+    rows = sorted({r["rows"] for r in report["results"]})
+    lines = [f"CPU: {m['cpu']}; flags: {', '.join(m['cpu_flags'])}; {m['num_cpus']} CPUs, "
+             f"{m['torch_num_threads']} torch threads; load average {m.get('load_average_1m')} at the start. "
+             f"Memory stream {report['stream_rate_gbs']} GB/s; floors: "
+             + ", ".join(f"{d} {v} ms" for d, v in report["floor_ms"].items())
+             + f". Fastest of {report['repeats']} (ms per forward incl. the LM head over every row).", "",
+             "| dtype | kernel | cached | batch | " + " | ".join(f"{r} rows" for r in rows)
+             + " | 1 row / floor | 8 / 1 row | 16 / 1 row |",
+             "|---|---|---|---|" + "---|" * (len(rows) + 3)]
+    groups: dict = {}
+    for r in report["results"]:
+        groups.setdefault((r["dtype"], r["asked"], r["context"], r["batch"]), {})[r["rows"]] = r["best_ms"]
+    for (dtype, kernel, context, batch), ms in groups.items():
+        one = ms.get(1)
+        ratio = lambda n: f"{ms[n] / one:.2f}" if one and n in ms else "-"  # noqa: E731
+        floor = report["floor_ms"][dtype]
+        to_floor = f"{one / floor:.2f}" if one else "-"
+        lines.append(f"| {dtype} | {kernel} | {context} | {batch} | " + " | ".join(f"{ms.get(n, '-')}" for n in rows)
+                     + f" | {to_floor} | {ratio(8)} | {ratio(16)} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_png(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = sorted({(r["context"], r["batch"]) for r in report["results"]})
+    fig, axes = plt.subplots(1, len(cases), figsize=(5 * len(cases), 4), squeeze=False)
+    for ax, (context, batch) in zip(axes[0], cases):
+        for dtype, kernel in sorted({(r["dtype"], r["asked"]) for r in report["results"]}):
+            pts = sorted((r["rows"], r["best_ms"]) for r in report["results"]
+                         if (r["dtype"], r["asked"], r["context"], r["batch"]) == (dtype, kernel, context, batch))
+            ax.plot(*zip(*pts), marker="o", label=f"{dtype} {kernel}")
+        for i, (dtype, floor) in enumerate(report["floor_ms"].items()):
+            ax.axhline(floor, linestyle=":", color=f"C{i + 6}", label=f"{dtype} bandwidth floor")
+        ax.set(xscale="log", xlabel="rows per sequence", ylabel="ms per forward", ylim=(0, None),
+               title=f"{context} cached, batch {batch}")
+        ax.set_xticks(sorted({r['rows'] for r in report['results']}), labels=None)
+        ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"{report['machine']['cpu']} ({', '.join(report['machine']['cpu_flags'])})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", default=None, help="checkpoint dir (default: the embedded SmolLM2-135M)")
+    p.add_argument("--quick", action="store_true", help="rows 1, 8, 16; 256 cached; batch 1; 3 repeats")
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    p.add_argument("--contexts", type=int, nargs="+", default=[256, 1024])
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    p.add_argument("--kernels", nargs="+", default=["torch", "specdec"], choices=["torch", "specdec"])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch's default)")
+    p.add_argument("--out", default=str(OUT))
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rows, args.contexts, args.batches, args.repeats = [1, 8, 16], [256], [1], 3
+    info = machine_info()
+    print(f"CPU: {info['cpu']}; flags: {', '.join(info['cpu_flags'])}; torch threads {torch.get_num_threads()}",
+          file=sys.stderr)
+    report = measure(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "forward_cost.json").write_text(json.dumps(report, indent=1))
+    table = render_markdown(report)
+    (out / "forward_cost.md").write_text(table)
+    render_png(report, out / "forward_cost.png")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

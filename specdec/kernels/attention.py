@@ -1,0 +1,69 @@
+"""Attention on specdec's row-invariant kernel (attention.cpp), plugged into transformers' attention
+registry under the name "specdec" (the mask comes from the sdpa mask builder).
+
+torch's CPU flash attention splits queries and keys by the call's shape, so a verify forward's rows
+and the one-token forwards of plain decoding sum in different orders and, in bfloat16 especially,
+near-tied argmaxes flip. attention.cpp computes every query row alone in one fixed order, so the row
+gets the same bits in both. It runs for up to MAX_ROWS query rows per sequence (decode and verify
+steps); longer prefill chunks keep sdpa, which is faster there and needs no such agreement.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from specdec.kernels.build import load_kernel
+
+NAME = "specdec"
+MAX_ROWS = 128  # query rows per call on the kernel (a verify forward has at most 65)
+
+
+def runs_on(model: torch.nn.Module) -> bool:
+    """Whether the kernel can serve this model's attention layers (else they stay on sdpa)."""
+    kernel = load_kernel()
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    first = next(model.parameters())
+    return (kernel.module is not None and kernel.isa.startswith("avx512") and first.device.type == "cpu"
+            and first.dtype in (torch.float32, torch.bfloat16) and head_dim % 16 == 0 and head_dim <= 256)
+
+
+@functools.lru_cache(maxsize=1)
+def register() -> str:
+    """Register "specdec" with transformers' attention and mask registries (once per process)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    AttentionInterface.register(NAME, specdec_attention)
+    AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    return NAME
+
+
+def specdec_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                      **kwargs) -> tuple[torch.Tensor, None]:
+    """query [B, H, n, d], key / value [B, kv_heads, L, d], mask None (causal) | bool (True = attend) |
+    additive [B, 1, n, L] -> ([B, n, H, d], None), transformers' attention-function contract."""
+    if query.shape[2] > MAX_ROWS or dropout > 0.0 or query.dtype != key.dtype:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    mask = attention_mask
+    if mask is not None:
+        mask = mask[..., :key.shape[2]]
+        if mask.dtype == torch.bool:
+            hidden = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+            mask = hidden.masked_fill_(~mask, float("-inf"))
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return load_kernel().module.attend(query, key, value, mask, scale), None
+
+
+def install(model: torch.nn.Module, on: bool) -> bool:
+    """Point the model's attention at the kernel (on, where it runs) or back at sdpa; returns whether on."""
+    on = on and runs_on(model)
+    implementation = register() if on else "sdpa"
+    if model.config._attn_implementation != implementation:
+        model.config._attn_implementation = implementation
+    return on

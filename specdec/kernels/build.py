@@ -1,0 +1,80 @@
+"""Build (once, cached) and load the row-invariant multi-row matmul extension, rowgemm.cpp.
+
+torch.utils.cpp_extension compiles it with ninja into the specdec cache directory the first time
+it is asked for (about a minute) and reloads it from there afterwards; `make model` builds it ahead
+of time. Where it cannot build (no compiler, no ninja, a non-x86 CPU) the answer says why, and the
+callers keep torch's F.linear with that reason logged once.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SOURCES = [Path(__file__).with_name(name) for name in ("rowgemm.cpp", "attention.cpp", "norm.cpp")]
+NAME = "specdec_rowgemm"
+ISA_NAMES = ("scalar", "avx2", "avx512", "avx512_bf16")  # rowgemm.cpp's Isa enum, by value
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """The loaded extension (None when it could not build) and why not."""
+
+    module: object | None
+    reason: str = ""
+
+    @property
+    def isa(self) -> str:
+        return ISA_NAMES[self.module.cpu_isa()] if self.module is not None else "none"
+
+    @property
+    def runs_bf16(self) -> bool:
+        return self.module is not None and self.module.cpu_isa() >= ISA_NAMES.index("avx512_bf16")
+
+
+@functools.lru_cache(maxsize=1)
+def load_kernel() -> Kernel:
+    """The extension, built on first use into <specdec cache>/kernels; never raises."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return Kernel(None, f"rowgemm is x86-only; this CPU is {platform.machine()}")
+    try:
+        import torch  # noqa: F401  (the extension links against it)
+        from torch.utils.cpp_extension import load
+
+        from specdec.models.embedded import cache_dir
+
+        build_dir = cache_dir() / "kernels"
+        build_dir.mkdir(parents=True, exist_ok=True)
+        module = _built(build_dir) or load(name=NAME, sources=[str(s) for s in SOURCES],
+                                           build_directory=str(build_dir), extra_cflags=["-O3", "-std=c++17"],
+                                           verbose=False)
+    except Exception as exc:  # noqa: BLE001 (any build failure means: keep torch's kernels)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return Kernel(None, f"the rowgemm extension did not build ({first[:200]})")
+    return Kernel(module)
+
+
+def _built(build_dir: Path):
+    """The extension already built from these sources, imported without torch's build lock, or None.
+
+    torch's loader takes a lock file in the build directory even when nothing needs building; a
+    worker killed while holding it (a supervised restart, SIGKILL) would leave every later start
+    waiting on that file forever. A build newer than every source needs no lock to be read."""
+    import importlib.util
+
+    library = build_dir / f"{NAME}.so"
+    if not library.is_file() or any(src.stat().st_mtime > library.stat().st_mtime for src in SOURCES):
+        return None
+    spec = importlib.util.spec_from_file_location(NAME, library)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+if __name__ == "__main__":  # `python -m specdec.kernels.build`: build ahead of time (make model)
+    kernel = load_kernel()
+    print(f"rowgemm: {kernel.isa}" if kernel.module is not None else f"rowgemm unavailable: {kernel.reason}")

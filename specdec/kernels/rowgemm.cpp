@@ -1,0 +1,262 @@
+// Multi-row matrix products that read each weight once for all rows: y[M, N] = x[M, K] @ W[N, K]^T.
+//
+// Weights are packed once at load into tiles of 32 output features (specdec/kernels/packing.py):
+//   float32   [num_tiles, K, 32]            one 128-byte line pair per k
+//   bfloat16  [num_tiles, K/2, 32, 2]       pairs of k per output, the layout VDPBF16PS multiplies
+// A tile streams from memory once and is applied, from L1/L2, to every row group of the call.
+// Outputs sit in vector lanes and every (row, output) accumulator runs over k in order 0..K-1 with one
+// fused multiply-add per step (bf16: one dot-pair per two steps), starting from zero, with no horizontal
+// sum. So a row's result does not depend on which other rows share the call, on the row-group size, on
+// the thread split, nor on the ISA path (AVX-512, AVX2, scalar give bitwise the same float32 results):
+// the row invariance that keeps greedy speculative decoding equal to plain decoding.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+constexpr int64_t TILE = 32;
+enum Isa : int64_t { SCALAR = 0, AVX2 = 1, AVX512 = 2, AVX512_BF16 = 3 };
+
+int64_t best_isa() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl")) {
+    return __builtin_cpu_supports("avx512bf16") ? AVX512_BF16 : AVX512;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return AVX2;
+  return SCALAR;
+}
+
+// The next tile's 128 bytes for step k into L2 while this tile computes: a tile's row groups after
+// the first run from cache, so without this the stream stalls while they compute.
+inline void prefetch_step(const char* pf, int64_t k) {
+  if (pf == nullptr) return;
+  _mm_prefetch(pf + k * 128, _MM_HINT_T1);
+  _mm_prefetch(pf + k * 128 + 64, _MM_HINT_T1);
+}
+
+// ---- float32 -------------------------------------------------------------------------------------
+// One tile (32 outputs) x R rows. x: first row, ldx floats between rows; y: first row, ldy between rows.
+template <int R>
+__attribute__((target("avx512f,avx512vl,avx512bw,fma"))) void f32_avx512(
+    const float* __restrict wp, const float* __restrict x, int64_t ldx, int64_t K,
+    float* __restrict y, int64_t ldy, int64_t nvalid, const char* pf, int64_t pf_lo, int64_t pf_hi) {
+  __m512 a0[R], a1[R];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    if (k >= pf_lo && k < pf_hi) prefetch_step(pf, k);
+    const __m512 w0 = _mm512_loadu_ps(wp + k * TILE), w1 = _mm512_loadu_ps(wp + k * TILE + 16);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512 b = _mm512_set1_ps(x[r * ldx + k]);
+      a0[r] = _mm512_fmadd_ps(b, w0, a0[r]);
+      a1[r] = _mm512_fmadd_ps(b, w1, a1[r]);
+    }
+  }
+  const __mmask16 m0 = nvalid >= 16 ? 0xFFFF : (__mmask16)((1u << nvalid) - 1);
+  const __mmask16 m1 = nvalid >= 32 ? 0xFFFF : nvalid <= 16 ? 0 : (__mmask16)((1u << (nvalid - 16)) - 1);
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    _mm512_mask_storeu_ps(y + r * ldy, m0, a0[r]);
+    _mm512_mask_storeu_ps(y + r * ldy + 16, m1, a1[r]);
+  }
+}
+
+// AVX2: the tile as two halves of 16 outputs (16 ymm registers: 12 accumulators, 2 weights, 1 broadcast).
+template <int R>
+__attribute__((target("avx2,fma"))) void f32_avx2(
+    const float* __restrict wp, const float* __restrict x, int64_t ldx, int64_t K,
+    float* __restrict y, int64_t ldy, int64_t nvalid) {
+  for (int64_t half = 0; half < 2; ++half) {
+    const int64_t base = half * 16;
+    if (nvalid <= base) break;
+    __m256 a0[R], a1[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; ++k) {
+      const __m256 w0 = _mm256_loadu_ps(wp + k * TILE + base), w1 = _mm256_loadu_ps(wp + k * TILE + base + 8);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        const __m256 b = _mm256_broadcast_ss(x + r * ldx + k);
+        a0[r] = _mm256_fmadd_ps(b, w0, a0[r]);
+        a1[r] = _mm256_fmadd_ps(b, w1, a1[r]);
+      }
+    }
+    alignas(32) float buf[16];
+    const int64_t count = std::min<int64_t>(16, nvalid - base);
+    for (int r = 0; r < R; ++r) {
+      _mm256_store_ps(buf, a0[r]);
+      _mm256_store_ps(buf + 8, a1[r]);
+      std::memcpy(y + r * ldy + base, buf, count * sizeof(float));
+    }
+  }
+}
+
+void f32_scalar(const float* wp, const float* x, int64_t ldx, int64_t K, float* y, int64_t ldy,
+                int64_t nvalid, int64_t rows) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t n = 0; n < nvalid; ++n) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < K; ++k) acc = std::fma(x[r * ldx + k], wp[k * TILE + n], acc);
+      y[r * ldy + n] = acc;
+    }
+}
+
+// ---- bfloat16 (AVX512-BF16) ------------------------------------------------------------------------
+// xp: bf16 pairs as uint32 [rows, K/2]; y: float32 accumulators out (converted by the caller's store).
+template <int R>
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512bf16"))) void bf16_avx512(
+    const uint16_t* __restrict wp, const uint32_t* __restrict xp, int64_t ldx, int64_t K2,
+    void* __restrict yv, int64_t ldy, int64_t nvalid, bool out_fp32, const char* pf, int64_t pf_lo,
+    int64_t pf_hi) {
+  __m512 a0[R], a1[R];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K2; ++k) {
+    if (k >= pf_lo && k < pf_hi) prefetch_step(pf, k);
+    const __m512bh w0 = (__m512bh)_mm512_loadu_si512(wp + k * 2 * TILE);
+    const __m512bh w1 = (__m512bh)_mm512_loadu_si512(wp + k * 2 * TILE + 32);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512bh b = (__m512bh)_mm512_set1_epi32((int)xp[r * ldx + k]);
+      a0[r] = _mm512_dpbf16_ps(a0[r], b, w0);
+      a1[r] = _mm512_dpbf16_ps(a1[r], b, w1);
+    }
+  }
+  const __mmask16 m0 = nvalid >= 16 ? 0xFFFF : (__mmask16)((1u << nvalid) - 1);
+  const __mmask16 m1 = nvalid >= 32 ? 0xFFFF : nvalid <= 16 ? 0 : (__mmask16)((1u << (nvalid - 16)) - 1);
+  for (int r = 0; r < R; ++r) {
+    if (out_fp32) {
+      float* y = static_cast<float*>(yv) + r * ldy;
+      _mm512_mask_storeu_ps(y, m0, a0[r]);
+      _mm512_mask_storeu_ps(y + 16, m1, a1[r]);
+    } else {
+      uint16_t* y = static_cast<uint16_t*>(yv) + r * ldy;
+      _mm256_mask_storeu_epi16(y, m0, (__m256i)_mm512_cvtneps_pbh(a0[r]));
+      _mm256_mask_storeu_epi16(y + 16, m1, (__m256i)_mm512_cvtneps_pbh(a1[r]));
+    }
+  }
+}
+
+// Rows per register block: up to `most`, balanced (16 rows with at most 12 -> 8 + 8, never 12 + 4).
+inline int64_t group_rows(int64_t remaining, int64_t most) {
+  const int64_t groups = (remaining + most - 1) / most;
+  return (remaining + groups - 1) / groups;
+}
+
+#define ROWS_SWITCH(R_EXPR, CALL, MOST)                                              \
+  switch (R_EXPR) {                                                                  \
+    case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break;          \
+    case 4: CALL(4); break; case 5: CALL(5); break; case 6: CALL(6); break;          \
+    default: if (MOST > 6) { switch (R_EXPR) {                                       \
+      case 7: CALL(7); break; case 8: CALL(8); break; case 9: CALL(9); break;        \
+      case 10: CALL(10); break; case 11: CALL(11); break; default: CALL(12); break; } } \
+  }
+
+// pf: the next tile (nullptr: none); its K steps of 128 bytes are prefetched spread over the row groups.
+void f32_tile(int64_t isa, const float* wp, const float* x, int64_t ldx, int64_t K, float* y, int64_t ldy,
+              int64_t nvalid, int64_t M, const char* pf) {
+  if (isa == SCALAR) return f32_scalar(wp, x, ldx, K, y, ldy, nvalid, M);
+  const int64_t most = isa == AVX2 ? 6 : 12;
+  const int64_t groups = (M + most - 1) / most;
+  for (int64_t row = 0, g = 0; row < M; ++g) {
+    const int64_t rows = group_rows(M - row, most);
+    const int64_t pf_lo = K * g / groups, pf_hi = K * (g + 1) / groups;
+    const float* xr = x + row * ldx;
+    float* yr = y + row * ldy;
+    if (isa == AVX2) {
+#define CALL_AVX2(R) f32_avx2<(R) <= 6 ? (R) : 6>(wp, xr, ldx, K, yr, ldy, nvalid)
+      ROWS_SWITCH(rows, CALL_AVX2, 6)
+    } else {
+#define CALL_512(R) f32_avx512<R>(wp, xr, ldx, K, yr, ldy, nvalid, pf, pf_lo, pf_hi)
+      ROWS_SWITCH(rows, CALL_512, 12)
+    }
+    row += rows;
+  }
+}
+
+void bf16_tile(const uint16_t* wp, const uint32_t* xp, int64_t ldx, int64_t K2, char* y, int64_t ldy,
+               int64_t elem, int64_t nvalid, int64_t M, bool out_fp32, const char* pf) {
+  const int64_t groups = (M + 11) / 12;
+  for (int64_t row = 0, g = 0; row < M; ++g) {
+    const int64_t rows = group_rows(M - row, 12);
+    const int64_t pf_lo = K2 * g / groups, pf_hi = K2 * (g + 1) / groups;
+    const uint32_t* xr = xp + row * ldx;
+    void* yr = y + row * ldy * elem;
+#define CALL_BF16(R) bf16_avx512<R>(wp, xr, ldx, K2, yr, ldy, nvalid, out_fp32, pf, pf_lo, pf_hi)
+    ROWS_SWITCH(rows, CALL_BF16, 12)
+    row += rows;
+  }
+}
+
+}  // namespace
+
+// x [M, K] (float32 with float32 weights, bfloat16 with bfloat16 weights), packed weights as above;
+// n_out: the real output count (tiles are zero-padded); isa: < 0 = the best this CPU runs.
+// Tiles [tile_begin, tile_end) only (-1: all), e.g. one projection of a fused q|k|v weight.
+torch::Tensor rowgemm(torch::Tensor x, torch::Tensor packed, int64_t n_out, int64_t isa, bool out_fp32,
+                      int64_t tile_begin, int64_t tile_end) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && packed.is_contiguous() && x.device().is_cpu(),
+              "rowgemm: x must be a contiguous 2-D CPU tensor");
+  const int64_t best = best_isa();
+  if (isa < 0 || isa > best) isa = best;
+  const int64_t M = x.size(0), K = x.size(1), num_tiles = packed.size(0);
+  if (tile_end < 0) tile_end = num_tiles;
+  TORCH_CHECK(0 <= tile_begin && tile_begin <= tile_end && tile_end <= num_tiles, "rowgemm: bad tile range");
+  const int64_t n_cols = std::min(n_out, tile_end * TILE) - tile_begin * TILE;
+  const bool bf16 = packed.scalar_type() == at::kBFloat16;
+  auto out_dtype = bf16 && !out_fp32 ? at::kBFloat16 : at::kFloat;
+  auto y = torch::empty({M, n_cols}, x.options().dtype(out_dtype));
+  if (M == 0 || n_cols <= 0) return y;
+  if (!bf16) {
+    TORCH_CHECK(x.scalar_type() == at::kFloat && packed.scalar_type() == at::kFloat && packed.size(1) == K,
+                "rowgemm: float32 weights [tiles, K, 32] need float32 x [M, K]");
+    const float* xd = x.data_ptr<float>();
+    const float* wd = packed.data_ptr<float>();
+    float* yd = y.data_ptr<float>();
+    at::parallel_for(tile_begin, tile_end, 1, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        const int64_t col = (t - tile_begin) * TILE;
+        const char* pf = t + 1 < e ? reinterpret_cast<const char*>(wd + (t + 1) * K * TILE) : nullptr;
+        f32_tile(isa, wd + t * K * TILE, xd, K, K, yd + col, n_cols, std::min(TILE, n_cols - col), M, pf);
+      }
+    });
+    return y;
+  }
+  TORCH_CHECK(isa == AVX512_BF16, "rowgemm: bfloat16 weights need AVX512-BF16");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.size(1) * 2 == K + (K & 1),
+              "rowgemm: bfloat16 weights [tiles, K/2, 32, 2] need bfloat16 x [M, K]");
+  torch::Tensor xe = K & 1 ? torch::constant_pad_nd(x, {0, 1}).contiguous() : x;
+  const int64_t K2 = packed.size(1);
+  const auto* xp = reinterpret_cast<const uint32_t*>(xe.data_ptr());
+  const auto* wd = reinterpret_cast<const uint16_t*>(packed.data_ptr());
+  char* yd = static_cast<char*>(y.data_ptr());
+  const int64_t elem = y.element_size();
+  at::parallel_for(tile_begin, tile_end, 1, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t col = (t - tile_begin) * TILE;
+      const char* pf = t + 1 < e ? reinterpret_cast<const char*>(wd + (t + 1) * K2 * 2 * TILE) : nullptr;
+      bf16_tile(wd + t * K2 * 2 * TILE, xp, K2, K2, yd + col * elem, n_cols, elem,
+                std::min(TILE, n_cols - col), M, out_fp32, pf);
+    }
+  });
+  return y;
+}
+
+int64_t cpu_isa() { return best_isa(); }
+
+torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, c10::optional<torch::Tensor> mask,
+                     double scale);  // attention.cpp
+torch::Tensor rmsnorm(torch::Tensor x, torch::Tensor weight, double eps);  // norm.cpp
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rowgemm", &rowgemm, "y[M, N] = x[M, K] @ W[N, K]^T over packed weights, row-invariant");
+  m.def("attend", &attend, "row-invariant attention: q [B, H, n, d], k / v [B, kv_heads, L, d] -> [B, n, H, d]");
+  m.def("rmsnorm", &rmsnorm, "RMSNorm row by row: x [..., H], weight [H] -> like x");
+  m.def("cpu_isa", &cpu_isa, "0 scalar, 1 AVX2, 2 AVX-512, 3 AVX-512 with BF16");
+}
