@@ -115,14 +115,13 @@ class Sequence:
         return verify_sampling(tree, layout, warp(logits, self.params), self.generator)
 
     def commit_verified(self, tree: DraftTree, layout: TreeLayout, result: VerifyResult, hidden: torch.Tensor,
-                        verify_s: float, features: torch.Tensor | None = None) -> StepResult:
+                        verify_s: float, features: torch.Tensor) -> StepResult:
         """Everything after the cache holds root + accepted path: features, version, tokens, stops.
         hidden [rows, H]: the verify forward's last hidden states; features [rows, F]: what a feature-reading
-        head keeps (None = hidden)."""
+        head keeps (runner.features: hidden itself unless it reads fused layers)."""
         self.hidden = hidden[result.accepted_rows[-1] if result.accepted_rows else 0]
         if self.feature_chunks is not None:
-            kept = hidden if features is None else features
-            self.feature_chunks.append(kept[[0, *result.accepted_rows]])  # [1 + accepted, F]
+            self.feature_chunks.append(features[[0, *result.accepted_rows]])  # [1 + accepted, F]
         self.version += 1
         return self._commit(list(result.token_ids), tree.num_nodes, result.num_accepted, max(layout.depths), verify_s)
 

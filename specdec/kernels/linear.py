@@ -71,7 +71,7 @@ class PackedLinear(torch.nn.Module):
         rows = x.reshape(-1, self.in_features)
         if rows.dtype != self.packed.dtype or not rows.is_contiguous():
             rows = rows.to(self.packed.dtype).contiguous()
-        y = self.kernel.rowgemm(rows, self.packed, self.out_features, -1, out_fp32, 0, -1)
+        y = self.kernel.rowgemm(rows, self.packed, self.out_features, -1, out_fp32)
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)

@@ -198,32 +198,28 @@ void bf16_tile(const uint16_t* wp, const uint32_t* xp, int64_t ldx, int64_t K2, 
 
 // x [M, K] (float32 with float32 weights, bfloat16 with bfloat16 weights), packed weights as above;
 // n_out: the real output count (tiles are zero-padded); isa: < 0 = the best this CPU runs.
-// Tiles [tile_begin, tile_end) only (-1: all), e.g. one projection of a fused q|k|v weight.
-torch::Tensor rowgemm(torch::Tensor x, torch::Tensor packed, int64_t n_out, int64_t isa, bool out_fp32,
-                      int64_t tile_begin, int64_t tile_end) {
+torch::Tensor rowgemm(torch::Tensor x, torch::Tensor packed, int64_t n_out, int64_t isa, bool out_fp32) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && packed.is_contiguous() && x.device().is_cpu(),
               "rowgemm: x must be a contiguous 2-D CPU tensor");
   const int64_t best = best_isa();
   if (isa < 0 || isa > best) isa = best;
   const int64_t M = x.size(0), K = x.size(1), num_tiles = packed.size(0);
-  if (tile_end < 0) tile_end = num_tiles;
-  TORCH_CHECK(0 <= tile_begin && tile_begin <= tile_end && tile_end <= num_tiles, "rowgemm: bad tile range");
-  const int64_t n_cols = std::min(n_out, tile_end * TILE) - tile_begin * TILE;
+  TORCH_CHECK(n_out > 0 && (n_out + TILE - 1) / TILE == num_tiles, "rowgemm: n_out does not match the packed tiles");
   const bool bf16 = packed.scalar_type() == at::kBFloat16;
   auto out_dtype = bf16 && !out_fp32 ? at::kBFloat16 : at::kFloat;
-  auto y = torch::empty({M, n_cols}, x.options().dtype(out_dtype));
-  if (M == 0 || n_cols <= 0) return y;
+  auto y = torch::empty({M, n_out}, x.options().dtype(out_dtype));
+  if (M == 0) return y;
   if (!bf16) {
     TORCH_CHECK(x.scalar_type() == at::kFloat && packed.scalar_type() == at::kFloat && packed.size(1) == K,
                 "rowgemm: float32 weights [tiles, K, 32] need float32 x [M, K]");
     const float* xd = x.data_ptr<float>();
     const float* wd = packed.data_ptr<float>();
     float* yd = y.data_ptr<float>();
-    at::parallel_for(tile_begin, tile_end, 1, [&](int64_t b, int64_t e) {
+    at::parallel_for(0, num_tiles, 1, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
-        const int64_t col = (t - tile_begin) * TILE;
+        const int64_t col = t * TILE;
         const char* pf = t + 1 < e ? reinterpret_cast<const char*>(wd + (t + 1) * K * TILE) : nullptr;
-        f32_tile(isa, wd + t * K * TILE, xd, K, K, yd + col, n_cols, std::min(TILE, n_cols - col), M, pf);
+        f32_tile(isa, wd + t * K * TILE, xd, K, K, yd + col, n_out, std::min(TILE, n_out - col), M, pf);
       }
     });
     return y;
@@ -237,12 +233,12 @@ torch::Tensor rowgemm(torch::Tensor x, torch::Tensor packed, int64_t n_out, int6
   const auto* wd = reinterpret_cast<const uint16_t*>(packed.data_ptr());
   char* yd = static_cast<char*>(y.data_ptr());
   const int64_t elem = y.element_size();
-  at::parallel_for(tile_begin, tile_end, 1, [&](int64_t b, int64_t e) {
+  at::parallel_for(0, num_tiles, 1, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
-      const int64_t col = (t - tile_begin) * TILE;
+      const int64_t col = t * TILE;
       const char* pf = t + 1 < e ? reinterpret_cast<const char*>(wd + (t + 1) * K2 * 2 * TILE) : nullptr;
-      bf16_tile(wd + t * K2 * 2 * TILE, xp, K2, K2, yd + col * elem, n_cols, elem,
-                std::min(TILE, n_cols - col), M, out_fp32, pf);
+      bf16_tile(wd + t * K2 * 2 * TILE, xp, K2, K2, yd + col * elem, n_out, elem,
+                std::min(TILE, n_out - col), M, out_fp32, pf);
     }
   });
   return y;

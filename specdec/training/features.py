@@ -18,6 +18,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -66,15 +67,17 @@ class FeatureSet:
 
 
 @torch.inference_mode()
-def generate_answers(model, prompt_ids: list[list[int]], max_new_tokens: int, batch_size: int,
-                     eos_id: int | None, pad_id: int) -> list[tuple[list[int], torch.Tensor]]:
-    """(ids, features) of prompt + the target's greedy answer, batched with left padding.
+def greedy_batches(model, prompt_ids: list[list[int]], max_new_tokens: int, batch_size: int, eos_id: int | None,
+                   pad_id: int, pick) -> Iterator[tuple[list[int], list[list[int]], torch.Tensor, torch.Tensor]]:
+    """The target's greedy answers to prompt_ids, generated in left-padded batches of similar lengths, with
+    what `pick` keeps of the hidden states generation itself recorded (no second pass).
 
-    The features come out of generation itself (no second pass): ids = (prompt + answer)[:-1], the
-    last token's feature never being computed; features [len(ids), hidden] float32.
+    pick: one step's hidden_states (a tuple over layers of [batch, n, H]) -> [batch, n, F].
+    Yields (indices into prompt_ids, answers cut after their first eos, each row's picked states at its
+    own prompt positions [len(prompt), F] (padding dropped), the picked states of the answer steps
+    [batch, steps - 1, F]). The last answer token's state is never computed.
     """
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))  # similar lengths: less padding
-    out: dict[int, tuple[list[int], torch.Tensor]] = {}
     for start in tqdm(range(0, len(order), batch_size), desc="target answers", unit="batch"):
         rows = order[start:start + batch_size]
         batch = [prompt_ids[i] for i in rows]
@@ -87,17 +90,28 @@ def generate_answers(model, prompt_ids: list[list[int]], max_new_tokens: int, ba
         gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
                              eos_token_id=eos_id, pad_token_id=pad_id, return_dict_in_generate=True,
                              output_hidden_states=True)
-        new = gen.sequences[:, width:]  # [batch, steps]
-        prompt_h = gen.hidden_states[0][-1]  # [batch, width, hidden], after the final norm
-        step_h = torch.cat([h[-1] for h in gen.hidden_states[1:]], dim=1) if len(gen.hidden_states) > 1 \
-            else prompt_h[:, :0]  # [batch, steps - 1, hidden]
-        for row, p in enumerate(batch):
-            answer = new[row].tolist()
+        answers = []
+        for answer in gen.sequences[:, width:].tolist():
             if eos_id is not None and eos_id in answer:
                 answer = answer[:answer.index(eos_id) + 1]
-            feats = torch.cat([prompt_h[row, width - len(p):], step_h[row, :len(answer) - 1]]).float()
-            out[rows[row]] = ((list(p) + answer)[:-1], feats)
-        del gen, prompt_h, step_h
+            answers.append(answer)
+        prompt_f = pick(gen.hidden_states[0])  # [batch, width, F]
+        step_f = torch.cat([pick(h) for h in gen.hidden_states[1:]], dim=1) if len(gen.hidden_states) > 1 \
+            else prompt_f[:, :0]  # [batch, steps - 1, F]
+        del gen  # every layer's states: gone before the next batch generates
+        yield rows, answers, [prompt_f[row, width - len(p):] for row, p in enumerate(batch)], step_f
+
+
+def generate_answers(model, prompt_ids: list[list[int]], max_new_tokens: int, batch_size: int,
+                     eos_id: int | None, pad_id: int) -> list[tuple[list[int], torch.Tensor]]:
+    """(ids, features) of prompt + the target's greedy answer: ids = (prompt + answer)[:-1],
+    features [len(ids), hidden] float32 (the last layer's output, after the final norm)."""
+    out: dict[int, tuple[list[int], torch.Tensor]] = {}
+    for rows, answers, prompt_h, step_h in greedy_batches(model, prompt_ids, max_new_tokens, batch_size, eos_id,
+                                                          pad_id, pick=lambda states: states[-1]):
+        for row, (i, answer) in enumerate(zip(rows, answers)):
+            feats = torch.cat([prompt_h[row], step_h[row, :len(answer) - 1]]).float()
+            out[i] = ((list(prompt_ids[i]) + answer)[:-1], feats)
     return [out[i] for i in range(len(prompt_ids))]
 
 

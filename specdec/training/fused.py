@@ -19,9 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
-from specdec.training.features import FeatureSet, load_features, save_features
+from specdec.training.features import FeatureSet, greedy_batches, load_features, save_features
 
 
 def default_layers(num_layers: int) -> tuple[int, int, int]:
@@ -60,37 +59,20 @@ def _fused(hidden_states: tuple, layers: tuple[int, ...]) -> torch.Tensor:
 @torch.inference_mode()
 def generate_fused(model, prompt_ids: list[list[int]], max_new_tokens: int, batch_size: int, eos_id: int | None,
                    pad_id: int, layers: tuple[int, ...]) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
-    """(ids, fused features [len, F] fp16, next_ids [len]) of prompt + the target's greedy answer, batched
-    with left padding; ids = (prompt + answer)[:-1]."""
+    """(ids, fused features [len, F] bf16, next_ids [len]) of prompt + the target's greedy answer
+    (specdec.training.features.greedy_batches); ids = (prompt + answer)[:-1]."""
     head = model.get_output_embeddings().weight  # [vocab, H]
-    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
+    h = head.shape[1]
+    # the fused layers, and the last one (after the final norm) to read the target's next token in the prompt
+    pick = lambda states: torch.cat([_fused(states, layers), states[-1]], dim=-1)  # noqa: E731  [batch, n, F + H]
     out: dict[int, tuple[list[int], torch.Tensor, torch.Tensor]] = {}
-    for start in tqdm(range(0, len(order), batch_size), desc="target answers", unit="batch"):
-        rows = order[start:start + batch_size]
-        batch = [prompt_ids[i] for i in rows]
-        width = max(len(p) for p in batch)
-        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, p in enumerate(batch):
-            ids[row, width - len(p):] = torch.tensor(p)
-            mask[row, width - len(p):] = 1
-        gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                             eos_token_id=eos_id, pad_token_id=pad_id, return_dict_in_generate=True,
-                             output_hidden_states=True)
-        new = gen.sequences[:, width:]  # [batch, steps]
-        prompt_f = _fused(gen.hidden_states[0], layers)  # [batch, width, F]
-        prompt_last = gen.hidden_states[0][-1]  # [batch, width, H] after the final norm
-        step_f = torch.cat([_fused(h, layers) for h in gen.hidden_states[1:]], dim=1) \
-            if len(gen.hidden_states) > 1 else prompt_f[:, :0]  # [batch, steps - 1, F]
-        for row, p in enumerate(batch):
-            answer = new[row].tolist()
-            if eos_id is not None and eos_id in answer:
-                answer = answer[:answer.index(eos_id) + 1]
-            feats = torch.cat([prompt_f[row, width - len(p):], step_f[row, :len(answer) - 1]]).to(torch.bfloat16)
-            prompt_next = (prompt_last[row, width - len(p):] @ head.T).argmax(-1)  # [len(p)]
+    for rows, answers, prompt_f, step_f in greedy_batches(model, prompt_ids, max_new_tokens, batch_size, eos_id,
+                                                          pad_id, pick):
+        for row, (i, answer) in enumerate(zip(rows, answers)):
+            feats = torch.cat([prompt_f[row][:, :-h], step_f[row, :len(answer) - 1, :-h]]).to(torch.bfloat16)
+            prompt_next = (prompt_f[row][:, -h:] @ head.T).argmax(-1)  # [len(prompt)]
             next_ids = torch.cat([prompt_next, torch.tensor(answer[1:], dtype=torch.long)])
-            out[rows[row]] = ((list(p) + answer)[:-1], feats, next_ids)
-        del gen, prompt_f, step_f, prompt_last
+            out[i] = ((list(prompt_ids[i]) + answer)[:-1], feats, next_ids)
     return [out[i] for i in range(len(prompt_ids))]
 
 

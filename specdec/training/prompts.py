@@ -17,23 +17,28 @@ from pathlib import Path
 from specdec.training import wordlists as W
 
 
+def file_docstrings(path: Path, prefix: str, min_chars: int) -> list[tuple[str, str]]:
+    """(name, docstring) pairs of one source file's module, classes and functions of at least min_chars:
+    the module's as path.stem, the others as prefix.name; nothing from a file that does not parse."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+    except (SyntaxError, ValueError):
+        return []
+    found = []
+    for node in [tree, *ast.walk(tree)]:
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)):
+            doc = ast.get_docstring(node)
+            if doc and len(doc) >= min_chars:
+                found.append((path.stem if isinstance(node, ast.Module) else f"{prefix}.{node.name}", doc.strip()))
+    return found
+
+
 @lru_cache(maxsize=2)  # parsing ~400 files takes seconds; the result depends only on the install
 def stdlib_docstrings(max_files: int = 400, min_chars: int = 200) -> tuple[tuple[str, str], ...]:
     """(name, docstring) pairs from the stdlib's modules, classes and functions, in a stable order."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    found: list[tuple[str, str]] = []
-    for path in sorted(root.glob("*.py"))[:max_files]:
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
-        except (SyntaxError, ValueError):
-            continue
-        for node in [tree, *ast.walk(tree)]:
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)):
-                doc = ast.get_docstring(node)
-                if doc and len(doc) >= min_chars:
-                    name = path.stem if isinstance(node, ast.Module) else f"{path.stem}.{node.name}"
-                    found.append((name, doc.strip()))
-    return tuple(found)
+    return tuple(pair for path in sorted(root.glob("*.py"))[:max_files]
+                 for pair in file_docstrings(path, path.stem, min_chars))
 
 
 PACKAGE_DIRS = ("numpy", "sympy", "networkx", "matplotlib", "jinja2", "click", "requests", "pygments", "rich",
@@ -45,22 +50,10 @@ def package_docstrings(max_files_per_package: int = 60, min_chars: int = 200) ->
     """(name, docstring) pairs from installed third-party packages (numpy, sympy, networkx, ...): a second,
     broader source of documentation than the stdlib (maths, graphs, plotting, HTTP, templating)."""
     root = Path(sysconfig.get_paths()["purelib"])
-    found: list[tuple[str, str]] = []
-    for package in PACKAGE_DIRS:
-        for path in sorted((root / package).rglob("*.py"))[:max_files_per_package]:
-            if "test" in path.parts[-2] or path.name.startswith("test"):
-                continue
-            try:
-                tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
-            except (SyntaxError, ValueError):
-                continue
-            for node in [tree, *ast.walk(tree)]:
-                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)):
-                    doc = ast.get_docstring(node)
-                    if doc and len(doc) >= min_chars:
-                        name = path.stem if isinstance(node, ast.Module) else f"{package}.{node.name}"
-                        found.append((name, doc.strip()))
-    return tuple(found)
+    return tuple(pair for package in PACKAGE_DIRS
+                 for path in sorted((root / package).rglob("*.py"))[:max_files_per_package]
+                 if not ("test" in path.parts[-2] or path.name.startswith("test"))
+                 for pair in file_docstrings(path, package, min_chars))
 
 
 def docstrings(source: str) -> tuple[tuple[str, str], ...]:

@@ -16,7 +16,7 @@ SHAPES = [(576, 576), (100, 77), (33, 1536), (5, 3)]  # N, K: SmolLM2's, and rag
 
 
 def rowgemm(x: torch.Tensor, packed: torch.Tensor, n: int, isa: int = -1, out_fp32: bool = False) -> torch.Tensor:
-    return KERNEL.module.rowgemm(x.contiguous(), packed, n, isa, out_fp32, 0, -1)
+    return KERNEL.module.rowgemm(x.contiguous(), packed, n, isa, out_fp32)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
