@@ -57,7 +57,10 @@ def request_trace(load_spans, max_new_tokens: int, num_steps: int) -> list:
         if len(roots) == 1:
             trace = [s for s in spans if s.trace_id == roots[0].trace_id]
             steps = {s.attributes[t.STEP] for s in trace if s.name == t.SPAN_VERIFY}
-            if steps == set(range(1, num_steps + 1)) and any(s.name.endswith("/Release") for s in trace):
+            # each process exports on its own schedule: the draft spans the verifies link to may come last
+            linked = {span_id for s in trace if s.name == t.SPAN_VERIFY for _, span_id in s.links}
+            if steps == set(range(1, num_steps + 1)) and any(s.name.endswith("/Release") for s in trace) \
+                    and linked <= {s.span_id for s in trace}:
                 return trace
         assert len(roots) <= 1 and time.monotonic() < deadline, f"spans of the request did not all arrive: {roots}"
         time.sleep(0.2)
