@@ -9,7 +9,8 @@ from types import SimpleNamespace
 from specdec.rpc.convert import params_from_pb
 from specdec.rpc.server import Drain, run_until_signalled, start_server
 from specdec.rpc.v1 import common_pb2, draft_pb2, draft_pb2_grpc
-from specdec.serving_config import DraftConfig, add_config_args, config_from_args
+from specdec.config_fields import add_config_args, config_from_args
+from specdec.serving_config import DraftConfig
 from specdec.telemetry import setup as setup_telemetry
 from draft_service.worker import DraftWorker
 

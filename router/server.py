@@ -15,7 +15,8 @@ from specdec.rpc.security import open_channel
 from specdec.rpc.server import Drain, run_until_signalled, start_server
 from specdec.rpc.v1 import common_pb2, generation_pb2, generation_pb2_grpc, target_pb2_grpc
 from specdec.security_config import SecurityConfig
-from specdec.serving_config import RouterConfig, add_config_args, config_from_args
+from specdec.config_fields import add_config_args, config_from_args
+from specdec.serving_config import RouterConfig
 from specdec.telemetry import setup as setup_telemetry
 
 

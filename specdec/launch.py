@@ -25,7 +25,8 @@ import time
 from dataclasses import dataclass, field
 
 from specdec.errors import Unavailable
-from specdec.serving_config import StackConfig, config_to_argv, with_workers
+from specdec.config_fields import config_to_argv
+from specdec.serving_config import StackConfig, with_workers
 
 log = logging.getLogger(__name__)
 READY = re.compile(r"ready on (\S+:\d+)")

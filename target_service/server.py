@@ -11,7 +11,8 @@ import grpc
 from specdec.rpc.convert import params_from_pb
 from specdec.rpc.server import Drain, run_until_signalled, start_server
 from specdec.rpc.v1 import common_pb2, target_pb2_grpc
-from specdec.serving_config import TargetConfig, add_config_args, config_from_args
+from specdec.config_fields import add_config_args, config_from_args
+from specdec.serving_config import TargetConfig
 from specdec.telemetry import setup as setup_telemetry
 from target_service.worker import TargetWorker
 

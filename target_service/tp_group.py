@@ -19,7 +19,8 @@ import torch
 
 from specdec import parallel
 from specdec.errors import InvalidArgument
-from specdec.serving_config import TargetConfig, config_to_argv
+from specdec.config_fields import config_to_argv
+from specdec.serving_config import TargetConfig
 
 COLLECTIVE_TIMEOUT_S = 300.0  # longest any rank waits in one collective before giving up
 GRACE_S = 15.0  # the launcher's wait for ranks to stop before it kills them

@@ -10,8 +10,8 @@ import sys
 import threading
 
 from specdec.core.types import DEFAULT_LINEAR_KERNEL, LINEAR_KERNELS
-from specdec.serving_config import (DraftConfig, RouterConfig, StackConfig, TargetConfig, add_config_args,
-                                    config_from_args, load_stack_config)
+from specdec.config_fields import add_config_args, config_from_args
+from specdec.serving_config import DraftConfig, RouterConfig, StackConfig, TargetConfig, load_stack_config
 
 SELF_DRAFTERS = ("medusa", "eagle", "eagle3")  # read the target's features: they run inside the target worker
 PIECES = {"router": (RouterConfig, "router.server"), "draft": (DraftConfig, "draft_service.server"),

@@ -17,8 +17,8 @@ from specdec.rpc.status import status_of, to_exception
 from specdec.rpc.trees import tree_from_pb, tree_to_pb
 from specdec.rpc.v1 import common_pb2, generation_pb2
 from specdec.security_config import SecurityConfig
-from specdec.serving_config import (DraftConfig, RouterConfig, TargetConfig, add_config_args, config_from_args,
-                                    config_to_argv, load_stack_config, with_workers)
+from specdec.config_fields import add_config_args, config_from_args, config_to_argv
+from specdec.serving_config import DraftConfig, RouterConfig, TargetConfig, load_stack_config, with_workers
 
 
 @pytest.mark.parametrize("params", [

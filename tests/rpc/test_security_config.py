@@ -88,7 +88,8 @@ def test_who_sees_server_details(tmp_path):
 def test_serve_flags_reach_every_server():
     from specdec.cli import build_parser
     from specdec.commands.serve import stack_config
-    from specdec.serving_config import DraftConfig, TargetConfig, config_from_args
+    from specdec.config_fields import config_from_args
+    from specdec.serving_config import DraftConfig, TargetConfig
 
     config = stack_config(build_parser().parse_args(["serve", "--host", "0.0.0.0", "--insecure"]))
     for component in (config.router, *config.targets, *config.drafts):
