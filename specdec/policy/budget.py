@@ -12,7 +12,7 @@ costs and measured acceptance, how many nodes per sequence to verify:
                                           measured counts, extrapolated pessimistically above them
     gain                B + sum_i sum_{node kept} P_i(node)
     P_i(node)           P_i(parent) * alpha_i * (1 - alpha_i)^rank   (rank among its siblings)
-    choice              R maximising gain / cost
+    choice              R maximising gain / cost, and R = 0 unless that beats R = 0 by min_gain
 
 Costs above the measured row counts are unknown, so every `probe_interval` steps one step verifies
 `probe_tokens` more per sequence (one in batches of 4 or more) and measures it; a probe that did not
@@ -42,6 +42,10 @@ class BudgetConfig:
     costs: tuple[tuple[int, float], ...] = ()
     learn_costs: bool = True
     first_budget: int | None = None  # nodes of the first step (None: probe_tokens, or no cap if costs are given)
+    # Draft only where the model promises at least this much over not drafting: a speculative step has
+    # costs the forward's time does not show (drafts sent and received, a drafter process sharing the
+    # cores), and near the break-even point timing noise decides. 1.0 = trust the model exactly.
+    min_gain: float = 1.1
 
 
 class CostTable:
@@ -112,14 +116,17 @@ class BatchBudget:
         if not self.config.enabled or max_nodes == 0:
             return NO_CAP
         self.num_choices += 1
-        best_r, best_rate = 0, None
+        best_r, best_rate, plain_rate = 0, None, None
         for r in range(max_nodes + 1):
             cost = self.costs.estimate(batch * (r + 1))
             if cost is None or cost <= 0:
                 continue
             rate = (batch + sum(sum(order[:r]) for order in orders)) / cost
+            plain_rate = rate if r == 0 else plain_rate
             if best_rate is None or rate > best_rate:
                 best_r, best_rate = r, rate
+        if plain_rate is not None and best_rate < self.config.min_gain * plain_rate:
+            best_r, best_rate = 0, plain_rate
         probe = self.config.probe_tokens if batch < 4 else 1  # a probe costs batch * depth extra rows
         if not self.costs.means:  # nothing measured yet: a short first draft measures a speculative step
             best_r = min(probe, max_nodes)
