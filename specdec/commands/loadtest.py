@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 
+from specdec.commands.serve import DRAFT_PLACES
 from specdec.errors import InvalidArgument
 
 
@@ -24,6 +25,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--drafter", choices=("ngram", "suffix", "draft", "medusa", "eagle", "eagle3"), default="ngram",
                    help="drafter of the local stack")
+    p.add_argument("--draft-in", choices=DRAFT_PLACES, default="worker",
+                   help="local stack: ngram / suffix / draft in a draft worker process or inside the target worker")
     p.add_argument("--target", default=None, help="target checkpoint dir of the local stack (default: embedded)")
     p.add_argument("--no-spec", action="store_true", help="local stack without speculation")
     p.add_argument("--compare", action="store_true", help="local stacks with and without speculation, one after the other")
@@ -83,7 +86,8 @@ def local_stack_config(args: argparse.Namespace, no_spec: bool):
     from specdec.commands.serve import stack_config
     from specdec.serving_config import StackConfig, TargetConfig
 
-    ns = argparse.Namespace(config=None, target=args.target, drafter=args.drafter, draft=None, dtype="auto", port=0,
+    ns = argparse.Namespace(config=None, target=args.target, drafter=args.drafter, draft=None,
+                            draft_in=getattr(args, "draft_in", "worker"), dtype="auto", port=0,
                             http_port=0, api_keys_file=None, no_pipeline=False, metrics_port=-1, host=None,
                             insecure=False, device="auto", linear_kernel="auto")
     config = stack_config(ns)

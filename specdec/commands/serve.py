@@ -14,6 +14,7 @@ from specdec.config_fields import add_config_args, config_from_args
 from specdec.serving_config import DraftConfig, RouterConfig, StackConfig, TargetConfig, load_stack_config
 
 SELF_DRAFTERS = ("medusa", "eagle", "eagle3")  # read the target's features: they run inside the target worker
+DRAFT_PLACES = ("worker", "target")  # where a drafter that could run in either place runs (--draft-in)
 PIECES = {"router": (RouterConfig, "router.server"), "draft": (DraftConfig, "draft_service.server"),
           "target": (TargetConfig, "target_service.server")}
 
@@ -25,6 +26,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--drafter", choices=("ngram", "suffix", "draft") + SELF_DRAFTERS, default="ngram",
                    help="ngram / suffix / draft run in a draft worker; medusa / eagle heads run inside the target worker")
     p.add_argument("--draft", default=None, help="trained drafter checkpoint dir (draft, medusa, eagle, eagle3)")
+    p.add_argument("--draft-in", choices=DRAFT_PLACES, default="worker",
+                   help="where ngram / suffix / draft run: a draft worker process (default) or inside the target "
+                        "worker (no draft round trip per step; the heads always run there)")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--device", default="auto",
                    help="target and draft worker's device: auto (cuda when a GPU is visible, else cpu) | cpu | cuda | "
@@ -82,7 +86,7 @@ def _stack_config(args: argparse.Namespace) -> StackConfig:
     router = RouterConfig(port=args.port, http_port=args.http_port, api_keys_file=args.api_keys_file,
                           metrics_port=args.metrics_port)
     workers = -1 if args.metrics_port < 0 else 0  # with the router's endpoint, one per worker on a free port
-    if args.drafter in SELF_DRAFTERS:
+    if args.drafter in SELF_DRAFTERS or getattr(args, "draft_in", "worker") == "target":
         return StackConfig(router=router, drafts=(),
                            targets=(TargetConfig(model=args.target, dtype=args.dtype, drafter=args.drafter,
                                                  draft=args.draft, metrics_port=workers, device=args.device,

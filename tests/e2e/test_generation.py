@@ -65,6 +65,26 @@ def test_suffix_draft_worker_learns_from_finished_requests(suffix_stack, referen
     assert again.stats.num_accepted_tokens > first.stats.num_accepted_tokens
 
 
+def test_suffix_inside_the_target_worker(tiny_models, reference):
+    """`--draft-in target`: suffix decoding drafts in the target worker (no draft worker, no round trip):
+    greedy output still equals the in-process engine's, and the target's global store learns from a
+    finished request as the draft worker's does."""
+    import dataclasses
+
+    from e2e.harness import running_stack, stack_config
+
+    config = stack_config(tiny_models, "suffix")
+    config = dataclasses.replace(config, drafts=(), targets=(dataclasses.replace(config.targets[0], drafter="suffix"),))
+    prompt = [8, 30, 2, 71, 9, 4]
+    with running_stack(config) as stack, Client(stack.address) as client:
+        assert [t.info.drafter for t in client.server_info().targets] == ["suffix"]
+        outputs = [client.generate(p, GREEDY, timeout_s=60) for p in PROMPTS + [prompt, prompt]]
+    for p, out in zip(PROMPTS + [prompt, prompt], outputs):
+        assert out.token_ids == reference("suffix", p, GREEDY).token_ids
+    first, again = outputs[-2:]
+    assert again.stats.num_target_forwards < first.stats.num_target_forwards
+
+
 def test_served_demo_decodes_plainly_and_speculatively(suffix_stack, monkeypatch, capsys):
     """`make run`'s demo: the same request through the stack and through a drafter-less router on the
     same target worker; identical greedy output, the plain side really without drafts."""

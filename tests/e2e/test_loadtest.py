@@ -76,3 +76,12 @@ def test_local_stack_config_has_every_serve_default():
     spec, plain = local_stack_config(args, no_spec=False), local_stack_config(args, no_spec=True)
     assert [d.drafter for d in spec.drafts] == ["ngram"] and plain.drafts == ()
     assert spec.targets[0].linear_kernel == "auto" and spec.targets[0].device == "auto"
+
+
+def test_local_stack_can_draft_inside_the_target():
+    import argparse
+
+    from specdec.commands.loadtest import local_stack_config
+
+    spec = local_stack_config(argparse.Namespace(target=None, drafter="suffix", draft_in="target"), no_spec=False)
+    assert spec.drafts == () and [t.drafter for t in spec.targets] == ["suffix"]
