@@ -130,7 +130,8 @@ def measure(args: argparse.Namespace) -> dict:
         del runners, caches
     bar.close()
     return {"machine": machine_info(), "versions": versions(Path(".")), "stream_rate_gbs": round(rate, 1),
-            "floor_ms": {k: round(v / rate / 1e6, 2) for k, v in floors.items()}, "repeats": args.repeats, "results": results}
+            "floor_ms": {k: round(v / rate / 1e6, 2) for k, v in floors.items()}, "repeats": args.repeats,
+            "results": results}
 
 
 def render_markdown(report: dict) -> str:

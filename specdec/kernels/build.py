@@ -1,8 +1,8 @@
 """Build (once, cached) and load the row-invariant multi-row matmul extension, rowgemm.cpp.
 
-torch.utils.cpp_extension compiles it with ninja into the specdec cache directory the first time
-it is asked for (about a minute, into a directory named by the sources' hash) and reloads it from there afterwards; `make model` builds it ahead
-of time. Where it cannot build (no compiler, no ninja, a non-x86 CPU) the answer says why, and the
+torch.utils.cpp_extension compiles it with ninja into the specdec cache directory (a folder named
+by the sources' hash) the first time it is asked for (a few minutes) and reloads it from there
+afterwards; `make model` builds it ahead of time. Where it cannot build (no compiler, no ninja, a non-x86 CPU) the answer says why, and the
 callers keep torch's F.linear with that reason logged once.
 """
 from __future__ import annotations

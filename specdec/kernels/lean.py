@@ -47,7 +47,8 @@ def why_not(model: torch.nn.Module, decoder: torch.nn.Module, kernel: KernelChoi
         parts += [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
         if not all(isinstance(p, PackedLinear) and p.bias is None for p in parts):
             return "a projection has a bias or is not on specdec's kernel"
-        if not all(isinstance(getattr(layer, n, None), FusedRMSNorm) for n in ("input_layernorm", "post_attention_layernorm")):
+        norms = (getattr(layer, n, None) for n in ("input_layernorm", "post_attention_layernorm"))
+        if not all(isinstance(norm, FusedRMSNorm) for norm in norms):
             return "a layer's norm is not on specdec's RMSNorm kernel"
     return ""
 

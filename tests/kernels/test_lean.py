@@ -97,7 +97,8 @@ def test_falls_back_where_it_cannot_run(tiny_target, tiny_draft):
     prompt = [i % 90 for i in range(200)]
     (_, ha), (_, hb) = (r.forward(prompt, r.new_cache(300)) for r in (lean, walk))
     assert torch.equal(ha, hb)
-    torch_kernels = ModelRunner(load_model(tiny_target, torch.float32).model, config=RunnerConfig(linear_kernel="torch"))
+    torch_kernels = ModelRunner(load_model(tiny_target, torch.float32).model,
+                                config=RunnerConfig(linear_kernel="torch"))
     assert torch_kernels.lean is None
     odd_heads = ModelRunner(load_model(tiny_draft, torch.float32).model, config=RunnerConfig(linear_kernel="specdec"))
     assert odd_heads.lean is None  # head_dim 8: the attention kernel needs multiples of 16
