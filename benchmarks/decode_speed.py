@@ -23,6 +23,8 @@ PROMPTS = ["Write a Python function that returns the square of a number.",
            "Explain in three sentences why the sky is blue.",
            'Repeat the following JSON exactly: {"name": "Ada", "age": 36, "city": "London"}']
 
+NO_OPTION = "this tree has no linear_kernel option: use the kernel 'torch'"
+
 
 def one_round(dtype: str, kernel: str, max_new_tokens: int) -> dict:
     """In the child: load, warm up, decode the prompts; tokens/s and the token ids."""
@@ -34,7 +36,7 @@ def one_round(dtype: str, kernel: str, max_new_tokens: int) -> dict:
     options = {"linear_kernel": kernel} if "linear_kernel" in inspect.signature(Engine.from_pretrained).parameters \
         else {}
     if kernel != "torch" and not options:
-        raise SystemExit("this tree has no linear_kernel option: use the kernel 'torch'")
+        raise SystemExit(NO_OPTION)
     engine = Engine.from_pretrained(drafter="none", dtype=dtype, **options)
     params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
     engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=8), chat=True)
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trees", nargs="+", default=["."], help="source trees (worktrees) to compare")
     p.add_argument("--configs", nargs="+", default=["float32:torch", "float32:auto"],
-                   help="dtype:linear_kernel pairs (an older tree runs only kernel 'torch')")
+                   help="dtype:linear_kernel pairs (a tree without the option runs only kernel 'torch')")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=0, help="torch threads in each child (0 = torch's default)")
@@ -69,16 +71,22 @@ def main(argv: list[str] | None = None) -> int:
 
     info = cpu_info()
     print(f"CPU: {info['cpu']}; flags: {', '.join(info['cpu_flags'])}", flush=True)
-    runs = [(tree, *config.split(":")) for tree in args.trees for config in args.configs
-            if config.endswith(":torch") or tree == args.trees[-1]]  # new kernels: the last tree only
+    # every tree runs every config it has the option for (a tree without linear_kernel: 'torch' only)
+    runs = [(tree, *config.split(":")) for tree in args.trees for config in args.configs]
     speeds: dict = {run: [] for run in runs}
     ids: dict = {}
     for round_index in range(args.rounds):
-        for tree, dtype, kernel in runs:
+        for tree, dtype, kernel in list(runs):
             env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve()), "HF_HUB_OFFLINE": "1"}
             out = subprocess.run([sys.executable, __file__, "--child", dtype, kernel, "--max-new-tokens",
                                   str(args.max_new_tokens), "--threads", str(args.threads)],
-                                 env=env, capture_output=True, text=True, cwd=tree, check=True)
+                                 env=env, capture_output=True, text=True, cwd=tree)
+            if out.returncode != 0 and NO_OPTION in out.stderr:
+                runs.remove((tree, dtype, kernel))
+                del speeds[(tree, dtype, kernel)]
+                continue
+            if out.returncode != 0:
+                raise SystemExit(f"{tree} {dtype} {kernel} failed:\n{out.stderr[-2000:]}")
             result = json.loads(out.stdout.strip().splitlines()[-1])
             speeds[(tree, dtype, kernel)].append(result["tokens_per_s"])
             ids[(tree, dtype, kernel)] = result["token_ids"]

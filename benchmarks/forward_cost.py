@@ -7,10 +7,13 @@ A verify forward over k draft tokens must cost about what a one-token forward co
 cannot pay. Each case fills a static KV cache with `context` tokens per sequence (untimed), then times
 one forward of `rows` new tokens per sequence (causal, as a chain of drafts is verified) plus the LM
 head over every row, and rolls the cache back; kernels alternate case by case so drift on a shared
-machine hits both alike. Reported: the fastest and the median of `--repeats`.
+machine hits both alike. Reported: the fastest and the median of `--repeats`. Kernels: `torch` (F.linear,
+sdpa), `specdec-walk` (specdec's kernels under transformers' per-layer modules) and `specdec` (the same
+kernels in the lean C++ walk, specdec.kernels.lean, where the model allows it).
 
 The floor is the bytes every forward must read (each linear weight and the LM head once, in the
-dtype) over the memory-stream rate measured here (a large tensor summed on torch's threads). Writes
+dtype) over the memory-stream rate measured here (a large tensor summed on torch's threads; measured
+before every case, the fastest kept, as a neighbour's load on a shared machine only slows it). Writes
 forward_cost.json, forward_cost.md and forward_cost.png under --out.
 """
 from __future__ import annotations
@@ -91,20 +94,27 @@ def time_forward(runner: ModelRunner, cache, batch: int, context: int, rows: int
     return elapsed
 
 
+def runner_config(kernel: str) -> RunnerConfig:
+    """torch | specdec (the lean C++ walk where it runs) | specdec-walk (specdec's kernels under transformers'
+    own per-layer walk, as before the lean forward)."""
+    return RunnerConfig(linear_kernel=kernel.removesuffix("-walk"), lean_forward=not kernel.endswith("-walk"))
+
+
 def measure(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads or torch.get_num_threads())
-    rate = stream_rate_gbs()
+    rate = stream_rate_gbs()  # re-measured before every case; the fastest seen is the floor's rate
     results, floors = [], {}
     cases = [(c, b) for c in args.contexts for b in args.batches]
     bar = tqdm(total=len(args.dtypes) * len(cases) * len(args.rows), desc="forwards", file=sys.stderr)
     for dtype_name in args.dtypes:
         # one model per kernel: a runner swaps its model's layers in place (specdec.kernels.linear)
-        runners = {kernel: ModelRunner(load_model(args.target, DTYPES[dtype_name]).model,
-                                       config=RunnerConfig(linear_kernel=kernel)) for kernel in args.kernels}
+        runners = {kernel: ModelRunner(load_model(args.target, DTYPES[dtype_name]).model, config=runner_config(kernel))
+                   for kernel in args.kernels}
         for context, batch in cases:
             caches = {}
+            rate = max(rate, stream_rate_gbs())
             for kernel, runner in runners.items():
-                floors[dtype_name] = weight_bytes(runner) / rate / 1e6
+                floors[dtype_name] = weight_bytes(runner)  # bytes here; ms at the end, at the fastest rate
                 caches[kernel] = filled_cache(runner, batch, context)
             for rows in args.rows:
                 times = {k: [] for k in runners}
@@ -120,7 +130,8 @@ def measure(args: argparse.Namespace) -> dict:
         del runners, caches
     bar.close()
     return {"machine": machine_info(), "versions": versions(Path(".")), "stream_rate_gbs": round(rate, 1),
-            "floor_ms": {k: round(v, 2) for k, v in floors.items()}, "repeats": args.repeats, "results": results}
+            "floor_ms": {k: round(v / rate / 1e6, 2) for k, v in floors.items()}, "repeats": args.repeats,
+            "results": results}
 
 
 def render_markdown(report: dict) -> str:
@@ -180,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--contexts", type=int, nargs="+", default=[256, 1024])
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
-    p.add_argument("--kernels", nargs="+", default=["torch", "specdec"], choices=["torch", "specdec"])
+    kernels = ["torch", "specdec-walk", "specdec"]
+    p.add_argument("--kernels", nargs="+", default=kernels, choices=kernels)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch's default)")
     p.add_argument("--out", default=str(OUT))

@@ -53,32 +53,120 @@ AVX512 inline __m512 exp16(__m512 x) {
 
 constexpr int MAX_CHUNKS = 16;  // head_dim up to 256
 
-// One query row against keys [0, visible): out[d] = softmax(q . k * scale + mask) @ v.
+// q . k for 16 keys at once, each key's 16 lanes summed by exactly the additions _mm512_reduce_add_ps
+// makes (upper half + lower half, then quarters, then lanes 0+2 and 1+3, then the last pair), done
+// lane-wise across keys: bitwise the one-key loop's sums, at a fraction of its horizontal work.
 template <typename T>
-AVX512 void attend_row(const T* q, const T* k, int64_t k_row, const T* v, int64_t v_row, const float* mask,
-                       int64_t mask_col, int64_t visible, int64_t chunks, float scale, float* scores, T* out) {
-  __m512 qv[MAX_CHUNKS];
-  for (int64_t c = 0; c < chunks; ++c) qv[c] = load16(q + 16 * c);
-  float top = -std::numeric_limits<float>::infinity();
+AVX512 inline __m512 dots16(const __m512* qv, int64_t chunks, const T* k, int64_t k_row) {
+  __m512 acc[16];
+  for (int key = 0; key < 16; ++key) {
+    const T* kj = k + key * k_row;
+    acc[key] = _mm512_mul_ps(qv[0], load16(kj));
+    for (int64_t c = 1; c < chunks; ++c) acc[key] = _mm512_fmadd_ps(qv[c], load16(kj + 16 * c), acc[key]);
+  }
+  __m512 half[8], quarter[4], eighth[2];
+  for (int p = 0; p < 8; ++p)  // keys 2p, 2p+1: 8 lanes each, lane i = x[i] + x[i + 8]
+    half[p] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * p], acc[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)),
+                            _mm512_shuffle_f32x4(acc[2 * p], acc[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)));
+  for (int p = 0; p < 4; ++p)  // keys 4p..4p+3, one per 128-bit lane: lane i = h[i] + h[i + 4]
+    quarter[p] = _mm512_add_ps(_mm512_shuffle_f32x4(half[2 * p], half[2 * p + 1], _MM_SHUFFLE(3, 1, 3, 1)),
+                               _mm512_shuffle_f32x4(half[2 * p], half[2 * p + 1], _MM_SHUFFLE(2, 0, 2, 0)));
+  for (int p = 0; p < 2; ++p)  // per 128-bit lane: [r0+r2, r1+r3] of two keys
+    eighth[p] = _mm512_add_ps(_mm512_shuffle_ps(quarter[2 * p], quarter[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_ps(quarter[2 * p], quarter[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(eighth[0], eighth[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm512_shuffle_ps(eighth[0], eighth[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  // lane 4j + e holds key 4e + j: back to key order
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), sums);
+}
+
+constexpr int MAX_HEADS = 8;  // heads scored together per pass over the keys
+
+// One query row of `count` heads sharing keys (a GQA group) against keys [0, visible):
+// scores[h * stride + j] = exp(q_h . k_j * scale + mask_j - max_h), unnormalized. Key blocks are the outer
+// loop so a block of 16 keys is read from L2 once and scored, from L1, for every head of the group.
+template <typename T>
+AVX512 void group_probs(const T* q, int64_t q_head, int64_t count, const T* k, int64_t k_row, const float* mask,
+                        int64_t mask_col, int64_t visible, int64_t chunks, float scale, float* scores, int64_t stride) {
+  __m512 qv[MAX_HEADS][MAX_CHUNKS];
+  float top[MAX_HEADS];
+  __m512 top16[MAX_HEADS];
+  for (int64_t h = 0; h < count; ++h) {
+    for (int64_t c = 0; c < chunks; ++c) qv[h][c] = load16(q + h * q_head + 16 * c);
+    top[h] = -std::numeric_limits<float>::infinity();
+    top16[h] = _mm512_set1_ps(top[h]);
+  }
+  int64_t j = 0;
+  const __m512 scale16 = _mm512_set1_ps(scale);
+  alignas(64) float masked[16];
+  for (; j + 16 <= visible; j += 16) {
+    if (mask != nullptr)
+      for (int e = 0; e < 16; ++e) masked[e] = mask[(j + e) * mask_col];
+    for (int64_t h = 0; h < count; ++h) {
+      __m512 s = _mm512_mul_ps(dots16(qv[h], chunks, k + j * k_row, k_row), scale16);
+      if (mask != nullptr) s = _mm512_add_ps(s, _mm512_load_ps(masked));
+      _mm512_storeu_ps(scores + h * stride + j, s);
+      top16[h] = _mm512_max_ps(top16[h], s);
+    }
+  }
+  for (int64_t h = 0; h < count; ++h) {
+    float* sh = scores + h * stride;
+    if (j > 0) top[h] = _mm512_reduce_max_ps(top16[h]);
+    for (int64_t t = j; t < visible; ++t) {
+      const T* kj = k + t * k_row;
+      __m512 acc = _mm512_mul_ps(qv[h][0], load16(kj));
+      for (int64_t c = 1; c < chunks; ++c) acc = _mm512_fmadd_ps(qv[h][c], load16(kj + 16 * c), acc);
+      float s = _mm512_reduce_add_ps(acc) * scale;
+      if (mask != nullptr) s += mask[t * mask_col];
+      sh[t] = s;
+      top[h] = s > top[h] ? s : top[h];
+    }
+    if (top[h] == -std::numeric_limits<float>::infinity()) top[h] = 0.0f;  // every key hidden: a row of zeros
+    const __m512 topv = _mm512_set1_ps(top[h]);
+    for (int64_t t = 0; t < visible; t += 16) {  // exp lane by lane: a key's p depends on its score alone
+      const __mmask16 lanes = visible - t >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (visible - t)) - 1);
+      const __m512 sc = _mm512_mask_loadu_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), lanes, sh + t);
+      _mm512_mask_storeu_ps(sh + t, lanes, exp16(_mm512_sub_ps(sc, topv)));
+    }
+  }
+}
+
+// The sum and the weighted values run over the seen keys in key order, hidden ones skipped (they add
+// exactly 0): a row that sees keys with hidden ones between them (a tree's siblings) gets the bits it
+// gets over those keys alone, contiguous (the accepted path in plain decoding's cache).
+// out[d] = sum_j p_j v_j / sum_j p_j for GB heads sharing v (a GQA group), CH chunks of 16: each head's
+// accumulators run the same chain as alone (a masked FMA skips p = 0; adding p = +0 to the sum changes
+// nothing), interleaved so the heads' chains overlap and each value row is loaded once for all of them.
+template <typename T, int CH, int GB>
+AVX512 void weigh_values(const float* probs, int64_t probs_stride, const T* v, int64_t v_row, int64_t visible,
+                         T* out, int64_t out_stride) {
+  __m512 acc[GB][CH];
+  float sum[GB];
+  for (int g = 0; g < GB; ++g) {
+    sum[g] = 0.0f;
+    for (int c = 0; c < CH; ++c) acc[g][c] = _mm512_setzero_ps();
+  }
   for (int64_t j = 0; j < visible; ++j) {
-    const T* kj = k + j * k_row;
-    __m512 acc = _mm512_mul_ps(qv[0], load16(kj));
-    for (int64_t c = 1; c < chunks; ++c) acc = _mm512_fmadd_ps(qv[c], load16(kj + 16 * c), acc);
-    float s = _mm512_reduce_add_ps(acc) * scale;
-    if (mask != nullptr) s += mask[j * mask_col];
-    scores[j] = s;
-    top = s > top ? s : top;
+    __m512 vv[CH];
+    const T* vj = v + j * v_row;
+    for (int c = 0; c < CH; ++c) vv[c] = load16(vj + 16 * c);
+    for (int g = 0; g < GB; ++g) {
+      const float p = probs[g * probs_stride + j];
+      sum[g] += p;
+      const __mmask16 seen = p != 0.0f ? 0xFFFF : 0;
+      const __m512 pv = _mm512_set1_ps(p);
+      for (int c = 0; c < CH; ++c) acc[g][c] = _mm512_mask3_fmadd_ps(pv, vv[c], acc[g][c], seen);
+    }
   }
-  if (top == -std::numeric_limits<float>::infinity()) top = 0.0f;  // every key hidden: a row of zeros
-  const __m512 topv = _mm512_set1_ps(top);
-  for (int64_t j = 0; j < visible; j += 16) {  // exp lane by lane: a key's p depends on its score alone
-    const __mmask16 lanes = visible - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (visible - j)) - 1);
-    const __m512 s = _mm512_mask_loadu_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), lanes, scores + j);
-    _mm512_mask_storeu_ps(scores + j, lanes, exp16(_mm512_sub_ps(s, topv)));
+  for (int g = 0; g < GB; ++g) {
+    const __m512 norm = _mm512_set1_ps(sum[g] > 0.0f ? sum[g] : 1.0f);
+    for (int c = 0; c < CH; ++c) store16(out + g * out_stride + 16 * c, _mm512_div_ps(acc[g][c], norm));
   }
-  // The sum and the weighted values run over the seen keys in key order, hidden ones skipped (they add
-  // exactly 0): a row that sees keys with hidden ones between them (a tree's siblings) gets the bits it
-  // gets over those keys alone, contiguous (the accepted path in plain decoding's cache).
+}
+
+// Any head size (chunks of 16 at run time), one head: the same chain as weigh_values.
+template <typename T>
+AVX512 void weigh_one(const float* scores, const T* v, int64_t v_row, int64_t visible, int64_t chunks, T* out) {
   float sum = 0.0f;
   __m512 acc[MAX_CHUNKS];
   for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm512_setzero_ps();
@@ -94,6 +182,27 @@ AVX512 void attend_row(const T* q, const T* k, int64_t k_row, const T* v, int64_
   for (int64_t c = 0; c < chunks; ++c) store16(out + 16 * c, _mm512_div_ps(acc[c], norm));
 }
 
+// Heads [h, h + count) of one kv group, one query row: blocks of heads through weigh_values where the
+// head size has an instantiation (d 32, 64, 128), else one by one.
+template <typename T>
+void weigh_heads(const float* probs, int64_t probs_stride, const T* v, int64_t v_row, int64_t visible,
+                 int64_t chunks, int64_t count, T* out, int64_t d) {
+  for (int64_t done = 0; done < count;) {
+    const int64_t left = count - done;
+    const float* p = probs + done * probs_stride;
+    T* o = out + done * d;
+#define WEIGH(CH, GB) weigh_values<T, CH, GB>(p, probs_stride, v, v_row, visible, o, d); done += GB; continue
+    if (chunks == 4 && left >= 4) { WEIGH(4, 4); }
+    if (chunks == 4 && left == 3) { WEIGH(4, 3); }
+    if (chunks == 4 && left == 2) { WEIGH(4, 2); }
+    if (chunks == 2 && left >= 4) { WEIGH(2, 4); }
+    if (chunks == 8 && left >= 2) { WEIGH(8, 2); }
+#undef WEIGH
+    weigh_one<T>(p, v, v_row, visible, chunks, o);
+    ++done;
+  }
+}
+
 template <typename T>
 void attend_all(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& mask,
                 torch::Tensor& out, double scale) {
@@ -105,16 +214,21 @@ void attend_all(const torch::Tensor& q, const torch::Tensor& k, const torch::Ten
   T* od = out.data_ptr<T>();
   const bool masked = mask.defined();
   const float* md = masked ? mask.data_ptr<float>() : nullptr;
-  at::parallel_for(0, B * H * n, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(L + 16);
+  at::parallel_for(0, B * kv_heads * n, 1, [&](int64_t begin, int64_t end) {
+    const int64_t stride = L + 16;
+    std::vector<float> scores(group * stride);
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / (H * n), h = (item / n) % H, i = item % n, g = h / group;
+      const int64_t b = item / (kv_heads * n), g = (item / n) % kv_heads, i = item % n;
       const float* mrow = masked ? md + b * mask.stride(0) + i * mask.stride(2) : nullptr;
       const int64_t visible = masked ? L : L - n + i + 1;  // no mask: causal, the last n keys are the rows
-      attend_row<T>(qd + b * q.stride(0) + h * q.stride(1) + i * q.stride(2), kd + b * k.stride(0) + g * k.stride(1),
-                    k.stride(2), vd + b * v.stride(0) + g * v.stride(1), v.stride(2), mrow,
-                    masked ? mask.stride(3) : 0, visible, chunks, static_cast<float>(scale), scores.data(),
-                    od + ((b * n + i) * H + h) * d);
+      const T* keys = kd + b * k.stride(0) + g * k.stride(1);
+      for (int64_t h = g * group; h < (g + 1) * group; h += MAX_HEADS)
+        group_probs<T>(qd + b * q.stride(0) + h * q.stride(1) + i * q.stride(2), q.stride(1),
+                       std::min<int64_t>(MAX_HEADS, (g + 1) * group - h), keys, k.stride(2), mrow,
+                       masked ? mask.stride(3) : 0, visible, chunks, static_cast<float>(scale),
+                       scores.data() + (h - g * group) * stride, stride);
+      weigh_heads<T>(scores.data(), stride, vd + b * v.stride(0) + g * v.stride(1), v.stride(2), visible, chunks,
+                     group, od + ((b * n + i) * H + g * group) * d, d);
     }
   });
 }

@@ -1,8 +1,8 @@
 """Build (once, cached) and load the row-invariant multi-row matmul extension, rowgemm.cpp.
 
-torch.utils.cpp_extension compiles it with ninja into the specdec cache directory the first time
-it is asked for (about a minute) and reloads it from there afterwards; `make model` builds it ahead
-of time. Where it cannot build (no compiler, no ninja, a non-x86 CPU) the answer says why, and the
+torch.utils.cpp_extension compiles it with ninja into the specdec cache directory (a folder named
+by the sources' hash) the first time it is asked for (a few minutes) and reloads it from there
+afterwards; `make model` builds it ahead of time. Where it cannot build (no compiler, no ninja, a non-x86 CPU) the answer says why, and the
 callers keep torch's F.linear with that reason logged once.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name(name) for name in ("rowgemm.cpp", "attention.cpp", "norm.cpp")]
+SOURCES = [Path(__file__).with_name(name) for name in ("rowgemm.cpp", "attention.cpp", "norm.cpp", "layer.cpp")]
 NAME = "specdec_rowgemm"
 ISA_NAMES = ("scalar", "avx2", "avx512", "avx512_bf16")  # rowgemm.cpp's Isa enum, by value
 
@@ -47,7 +47,7 @@ def load_kernel() -> Kernel:
 
         from specdec.models.embedded import cache_dir
 
-        build_dir = cache_dir() / "kernels"
+        build_dir = cache_dir() / "kernels" / _sources_digest()
         build_dir.mkdir(parents=True, exist_ok=True)
         module = _built(build_dir) or load(name=NAME, sources=[str(s) for s in SOURCES],
                                            build_directory=str(build_dir), extra_cflags=["-O3", "-std=c++17"],
@@ -56,6 +56,17 @@ def load_kernel() -> Kernel:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         return Kernel(None, f"the rowgemm extension did not build ({first[:200]})")
     return Kernel(module)
+
+
+def _sources_digest() -> str:
+    """A name for this set of sources: two checkouts (or versions) of specdec sharing one cache directory
+    each build and load their own extension instead of rebuilding over each other's."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for src in SOURCES:
+        digest.update(src.name.encode() + b"\0" + src.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def _built(build_dir: Path):

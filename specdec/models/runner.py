@@ -40,6 +40,9 @@ class RunnerConfig:
     # auto | specdec | torch: the linear layers and LM head on specdec's row-invariant CPU kernel
     # (specdec.kernels.linear) or on torch's F.linear; auto = specdec's wherever it runs.
     linear_kernel: str = DEFAULT_LINEAR_KERNEL
+    # With specdec's kernels, walk a Llama-family decoder in one C++ call (specdec.kernels.lean) rather
+    # than through transformers' modules; False keeps transformers' walk (same bits, slower).
+    lean_forward: bool = True
 
     def __post_init__(self) -> None:
         check_kv_cache(self.kv_cache)
@@ -54,7 +57,7 @@ class ModelRunner:
         drafted and q is exactly what the drafter samples from. None = the full vocabulary.
         config.kv_cache: "static" (preallocated, committed by index bookkeeping:
         specdec.models.static_cache) or "dynamic" (transformers' DynamicCache, grown by concatenation)."""
-        from specdec.kernels import attention
+        from specdec.kernels import attention, lean
         from specdec.kernels.linear import PackedLinear, install
 
         self.model = model
@@ -69,6 +72,7 @@ class ModelRunner:
         self.dtype = first.dtype
         self.device = first.device  # every tensor a forward gets is made here (specdec.device)
         self.decoder = getattr(model, model.base_model_prefix)
+        self.lean = lean.build(model, self.decoder, self.linear_kernel, self.attention_kernel, config.lean_forward)
         head = model.get_output_embeddings()
         plain_head = (isinstance(head, torch.nn.Linear) and head.bias is None
                       and not hasattr(head.weight, "device_mesh")  # a tensor-parallel (DTensor) head gathers itself
@@ -135,8 +139,7 @@ class ModelRunner:
             num_cached = cache.get_seq_length()
             attn_bias = attention_bias(layout, num_cached, self.dtype, self.device)
             positions = position_ids(layout, num_cached, self.device)
-        hidden = self.decoder(input_ids=ids, attention_mask=attn_bias, position_ids=positions,
-                              past_key_values=cache, use_cache=True).last_hidden_state[0]  # [n, hidden]
+        hidden = self.eager_forward_batch(ids, cache, attn_bias, positions)[0]  # [n, hidden]
         if not want_logits:
             return None, hidden
         return self.logits(hidden), hidden
@@ -149,8 +152,13 @@ class ModelRunner:
             return self.graphs.forward_batch(input_ids, cache, attn_bias, positions)
         return self.eager_forward_batch(input_ids, cache, attn_bias, positions)
 
-    def eager_forward_batch(self, input_ids: torch.Tensor, cache: DynamicCache, attn_bias: torch.Tensor,
-                            positions: torch.Tensor) -> torch.Tensor:
+    def eager_forward_batch(self, input_ids: torch.Tensor, cache: DynamicCache, attn_bias: torch.Tensor | None,
+                            positions: torch.Tensor | None) -> torch.Tensor:
+        """input_ids [B, N] -> hidden [B, N, H]: the lean C++ walk where it runs, else transformers' modules."""
+        if self.lean is not None and self.lean.runs(cache, input_ids.shape[1]):
+            hidden, captured = self.lean(input_ids, cache, attn_bias, positions, self.feature_layers)
+            self.captured.update(captured)
+            return hidden
         return self.decoder(input_ids=input_ids, attention_mask=attn_bias, position_ids=positions,
                             past_key_values=cache, use_cache=True).last_hidden_state
 

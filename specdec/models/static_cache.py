@@ -110,11 +110,17 @@ class StaticKVCache(Cache):
         for layer in self.layers:
             layer.bind()
 
-    def pending_start(self, layer_index: int, num_new: int) -> int:
-        """Where this forward's entries go; grows the store first if they would not fit."""
+    def reserve(self, num_new: int) -> int:
+        """Where a forward's `num_new` entries go (the store grown first if they would not fit); the
+        length moves on only when the caller says every layer has written (`pending_start`, or the lean
+        forward setting `length` itself)."""
         if self.length + num_new > self.capacity:
             self._grow(self.length + num_new)
-        start = self.length
+        return self.length
+
+    def pending_start(self, layer_index: int, num_new: int) -> int:
+        """Where this forward's entries go; grows the store first if they would not fit."""
+        start = self.reserve(num_new)
         if layer_index == len(self.layers) - 1:  # the forward's last layer: its entries are all in
             self.length = start + num_new
         return start

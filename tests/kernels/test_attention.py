@@ -63,3 +63,22 @@ def test_tree_mask_hides_siblings_exactly():
     keep = torch.cat([torch.arange(100), torch.arange(140, KEYS)])
     assert torch.equal(attend(q, k, v, mask), attend(q, k[:, :, keep], v[:, :, keep],
                                                      torch.zeros(B, 1, ROWS, len(keep))))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dim, heads, kv_heads", [(64, 9, 3), (64, 8, 2), (128, 4, 2), (32, 8, 1), (16, 4, 2)])
+def test_heads_of_a_group_equal_each_head_alone_bitwise(dtype, dim, heads, kv_heads):
+    """The heads sharing keys are scored and weighted together (blocks of keys, interleaved chains); each
+    head's result is bitwise what it gets alone, with a mask hiding keys (one hidden block of 16 too)."""
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(1, heads, 3, dim, generator=gen).to(dtype)
+    k, v = (torch.randn(1, kv_heads, 70, dim, generator=gen).to(dtype) for _ in range(2))
+    mask = torch.where(torch.rand(1, 1, 3, 70, generator=gen) < 0.3, float("-inf"), 0.0)
+    mask[..., 16:32] = float("-inf")
+    for m in (None, mask):
+        together = KERNEL.module.attend(q, k, v, m, dim ** -0.5)
+        group = heads // kv_heads
+        for h in range(heads):
+            g = h // group
+            alone = KERNEL.module.attend(q[:, h:h + 1], k[:, g:g + 1], v[:, g:g + 1], m, dim ** -0.5)
+            assert torch.equal(together[:, :, h], alone[:, :, 0]), (h, m is None)

@@ -1,0 +1,128 @@
+"""A Llama-family forward that walks the decoder in C++ (layer.cpp's LeanStack) instead of transformers.
+
+With specdec's kernels in place, a one-row forward of SmolLM2 spent ~8 ms above its bandwidth floor in
+transformers' per-layer Python: module calls, hooks, rotary, mask building, cache updates and ~25
+small tensor ops per layer. Here one C++ call runs every layer (norm, q|k|v as one packed weight,
+rotary, keys and values written into the static cache by index, attention, o, gate|up as one packed
+weight, silu * up, down, residuals), and Python does only the embedding lookup, the rotary table and
+the LM head. The operations and their roundings are transformers' own, so hidden states are bitwise
+those of transformers' walk over the same kernels (tests/kernels/test_lean.py).
+
+`build` says whether a model can run it; a model or call it cannot serve (another architecture,
+biases, torch's kernels, a dynamic cache, prefill chunks over attention.MAX_ROWS rows, fixed-width
+graph forwards) stays on transformers' walk, the reason logged once per model.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from specdec.kernels import attention
+from specdec.kernels.build import load_kernel
+from specdec.kernels.linear import FusedRMSNorm, KernelChoice, PackedLinear
+from specdec.kernels.packing import TILE
+from specdec.models.static_cache import StaticKVCache
+
+log = logging.getLogger(__name__)
+
+ARCHITECTURES = frozenset({"llama", "mistral"})  # pre-norm, rotary, q/k/v/o and a SiLU-gated MLP, no biases
+
+
+def why_not(model: torch.nn.Module, decoder: torch.nn.Module, kernel: KernelChoice, attention_on: bool) -> str:
+    """Why this model cannot run the lean forward ("" = it can)."""
+    config = model.config
+    if kernel.kernel != "specdec" or not attention_on:
+        return "specdec's linear and attention kernels are not both in use"
+    if config.model_type not in ARCHITECTURES:
+        return f"model type {config.model_type!r} is not one of {', '.join(sorted(ARCHITECTURES))}"
+    if (getattr(config, "hidden_act", "silu") != "silu" or getattr(config, "sliding_window", None)
+            or getattr(config, "pretraining_tp", 1) not in (None, 1)):
+        return "its activation, attention window or tensor-parallel pretraining split differs from Llama's"
+    if not isinstance(getattr(decoder, "norm", None), FusedRMSNorm):
+        return "its final norm is not on specdec's RMSNorm kernel"
+    for layer in decoder.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        parts = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        parts += [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+        if not all(isinstance(p, PackedLinear) and p.bias is None for p in parts):
+            return "a projection has a bias or is not on specdec's kernel"
+        norms = (getattr(layer, n, None) for n in ("input_layernorm", "post_attention_layernorm"))
+        if not all(isinstance(norm, FusedRMSNorm) for norm in norms):
+            return "a layer's norm is not on specdec's RMSNorm kernel"
+    return ""
+
+
+def _fuse(parts: list[PackedLinear]) -> tuple[torch.Tensor, list[int]]:
+    """One packed weight for several layers reading the same input (their tiles one after another) and
+    each part's first output column in it. The parts' own buffers become views of it: no second copy."""
+    fused = torch.cat([p.packed for p in parts])  # [tiles, ...]
+    cols, tile = [], 0
+    for p in parts:
+        count = p.packed.shape[0]
+        cols.append(tile * TILE)
+        p.packed = fused[tile:tile + count]
+        tile += count
+    return fused, cols
+
+
+class LeanForward:
+    """The decoder of a model `why_not` accepts, as one LeanStack call per forward."""
+
+    def __init__(self, model: torch.nn.Module, decoder: torch.nn.Module):
+        config = model.config
+        self.decoder = decoder
+        first = decoder.layers[0].self_attn
+        self.head_dim = first.head_dim
+        self.num_heads = first.q_proj.out_features // self.head_dim
+        self.num_kv_heads = first.k_proj.out_features // self.head_dim
+        weights, cols = [], None
+        for layer in decoder.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv, qkv_cols = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+            gate_up, gate_up_cols = _fuse([mlp.gate_proj, mlp.up_proj])
+            cols = qkv_cols[1:] + gate_up_cols[1:]
+            weights += [layer.input_layernorm.original.weight, qkv, attn.o_proj.packed,
+                        layer.post_attention_layernorm.original.weight, gate_up, mlp.down_proj.packed]
+        eps = decoder.norm.original.variance_epsilon
+        self.stack = load_kernel().module.LeanStack(
+            weights, decoder.norm.original.weight, self.num_heads, self.num_kv_heads, self.head_dim,
+            config.hidden_size, decoder.layers[0].mlp.gate_proj.out_features,
+            cols[0], cols[1], cols[2], float(eps), float(first.scaling))
+
+    def runs(self, cache, num_rows: int) -> bool:
+        """Whether this call can run here: a static cache written by index, a decode or verify step."""
+        return (isinstance(cache, StaticKVCache) and cache.write_positions is None
+                and num_rows <= attention.MAX_ROWS)
+
+    def __call__(self, input_ids: torch.Tensor, cache: StaticKVCache, attn_bias: torch.Tensor | None,
+                 positions: torch.Tensor | None, keep: tuple[int, ...]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """input_ids [B, n]; attn_bias [B|1, 1, n, cached + n] additive or None (causal); positions [B|1, n]
+        or None (the cache's end onwards) -> (hidden [B, n, H] after the final norm, {k: hidden after k layers})."""
+        batch, n = input_ids.shape
+        embeds = self.decoder.embed_tokens(input_ids)  # [B, n, H]
+        if cache.store is None:
+            cache.allocate(embeds.new_empty(batch, self.num_kv_heads, n, self.head_dim))
+        start = cache.reserve(n)
+        if positions is None:
+            positions = torch.arange(start, start + n, device=input_ids.device).unsqueeze(0)
+        cos, sin = self.decoder.rotary_emb(embeds, positions)  # [B|1, n, d] in the model's dtype
+        cos, sin = cos.expand(batch, n, -1).contiguous(), sin.expand(batch, n, -1).contiguous()
+        mask = None
+        if attn_bias is not None:
+            mask = attn_bias[..., :start + n].to(torch.float32).expand(batch, 1, n, start + n)
+        out = self.stack.forward(embeds, cache.store, start, cos, sin, mask, list(keep))
+        cache.length = start + n  # every layer has written: the entries are in
+        return out[0], dict(zip(keep, out[1:]))
+
+
+def build(model: torch.nn.Module, decoder: torch.nn.Module, kernel: KernelChoice, attention_on: bool,
+          wanted: bool) -> LeanForward | None:
+    """The lean forward for this model, or None (transformers' walk), said once per model."""
+    reason = "not asked for" if not wanted else why_not(model, decoder, kernel, attention_on)
+    lean = LeanForward(model, decoder) if not reason else None
+    said = reason or "on"
+    if getattr(model, "_specdec_lean_forward", None) != said:
+        log.info("lean forward: %s", said if not reason else f"transformers' walk ({reason})")
+        model._specdec_lean_forward = said
+    return lean

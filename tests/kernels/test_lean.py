@@ -1,0 +1,115 @@
+"""The lean forward (specdec.kernels.lean): bitwise what transformers' walk over the same kernels gives,
+row-invariant, EAGLE-3 feature capture kept, and transformers' walk wherever it cannot run."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.kernels.build import load_kernel
+from specdec.models.loader import load_model
+from specdec.models.runner import ModelRunner, RunnerConfig
+
+KERNEL = load_kernel()
+needs_kernel = pytest.mark.skipif(KERNEL.module is None or not KERNEL.isa.startswith("avx512"),
+                                  reason=f"lean forward needs the AVX-512 kernels ({KERNEL.reason or KERNEL.isa})")
+DTYPES = [torch.float32] + ([torch.bfloat16] if KERNEL.runs_bf16 else [])
+
+
+def runners(path, dtype) -> tuple[ModelRunner, ModelRunner]:
+    """(lean, transformers' walk) over two copies of one checkpoint, both on specdec's kernels."""
+    lean = ModelRunner(load_model(path, dtype).model, config=RunnerConfig(linear_kernel="specdec"))
+    walk = ModelRunner(load_model(path, dtype).model, config=RunnerConfig(linear_kernel="specdec", lean_forward=False))
+    assert lean.lean is not None and walk.lean is None
+    return lean, walk
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_lean_equals_transformers_walk_bitwise(tiny_target, dtype):
+    lean, walk = runners(tiny_target, dtype)
+    caches = [r.new_cache(16) for r in (lean, walk)]
+    steps = [[3, 1, 4, 1, 5, 9, 2, 6, 5, 3], [5], [8, 9, 7], [9, 3, 2, 3, 8, 4, 6, 2, 6, 4, 3, 3, 8, 3, 2, 7, 9]]
+    for ids in steps:  # prefill, a decode step, two chain verifies (the cache grows twice past 16)
+        (la, ha), (lb, hb) = (r.forward(ids, c) for r, c in zip((lean, walk), caches))
+        assert torch.equal(ha, hb) and torch.equal(la, lb)
+    assert caches[0].length == caches[1].length == sum(map(len, steps))
+    assert torch.equal(caches[0].store[..., :caches[0].length, :], caches[1].store[..., :caches[1].length, :])
+    # a tree step: explicit mask (siblings hidden) and positions by depth
+    num_cached = caches[0].length
+    bias = torch.zeros(1, 1, 4, num_cached + 4, dtype=dtype)
+    bias[0, 0, :, num_cached:] = torch.tensor([[0, 1, 1, 1], [0, 0, 1, 1], [0, 1, 0, 1], [0, 0, 1, 0]],
+                                              dtype=torch.bool).to(dtype) * torch.finfo(dtype).min
+    positions = torch.tensor([[0, 1, 1, 2]]) + num_cached
+    (la, ha), (lb, hb) = (r.forward([7, 1, 2, 5], c, attn_bias=bias, positions=positions)
+                          for r, c in zip((lean, walk), caches))
+    assert torch.equal(ha, hb) and torch.equal(la, lb)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rows_of_a_verify_equal_one_token_steps_bitwise(tiny_target, dtype):
+    lean, _ = runners(tiny_target, dtype)
+    prompt, drafts = [3, 1, 4, 1, 5, 9], [2, 6, 5, 3, 5, 8, 9, 7]
+    many = lean.new_cache(32)
+    lean.forward(prompt, many)
+    _, verify = lean.forward(drafts, many)  # 8 rows at once
+    one = lean.new_cache(32)
+    lean.forward(prompt, one)
+    for i, token in enumerate(drafts):
+        _, step = lean.forward([token], one)
+        assert torch.equal(step[0], verify[i]), i
+
+
+@needs_kernel
+def test_batched_forward_equals_walk_and_each_sequence_alone(tiny_target):
+    lean, walk = runners(tiny_target, torch.float32)
+    ids = torch.tensor([[3, 1, 4, 1], [5, 9, 2, 6]])
+    caches = [r.new_cache(16) for r in (lean, walk)]
+    bias = torch.zeros(2, 1, 4, 4)
+    bias[:, 0] = torch.full((4, 4), float("-inf")).triu(1)
+    positions = torch.arange(4).expand(2, 4)
+    got, want = (r.forward_batch(ids, c, bias, positions) for r, c in zip((lean, walk), caches))
+    assert got.shape == (2, 4, 64) and torch.equal(got, want)
+    alone = lean.new_cache(16)
+    _, hidden = lean.forward(ids[1].tolist(), alone)
+    assert torch.equal(hidden, got[1])
+
+
+@needs_kernel
+def test_captured_layers_match_the_walks_hooks(tiny_target):
+    lean, walk = runners(tiny_target, torch.float32)
+    for r in (lean, walk):
+        r.capture_layers((1, 2))
+    (_, ha), (_, hb) = (r.forward([3, 1, 4, 1, 5], r.new_cache(16)) for r in (lean, walk))
+    fa, fb = lean.features(ha), walk.features(hb)
+    assert fa.shape == (5, 128) and torch.equal(fa, fb)
+    assert not torch.equal(fa[:, :64], fa[:, 64:])  # two different layers, not one kept twice
+
+
+@needs_kernel
+def test_falls_back_where_it_cannot_run(tiny_target, tiny_draft):
+    lean, walk = runners(tiny_target, torch.float32)
+    dynamic = ModelRunner(load_model(tiny_target, torch.float32).model,
+                          config=RunnerConfig(linear_kernel="specdec", kv_cache="dynamic"))
+    assert not dynamic.lean.runs(dynamic.new_cache(), 1)
+    cache = lean.new_cache(300)
+    assert not lean.lean.runs(cache, 200)  # a long prefill chunk: transformers' walk with sdpa
+    prompt = [i % 90 for i in range(200)]
+    (_, ha), (_, hb) = (r.forward(prompt, r.new_cache(300)) for r in (lean, walk))
+    assert torch.equal(ha, hb)
+    torch_kernels = ModelRunner(load_model(tiny_target, torch.float32).model,
+                                config=RunnerConfig(linear_kernel="torch"))
+    assert torch_kernels.lean is None
+    odd_heads = ModelRunner(load_model(tiny_draft, torch.float32).model, config=RunnerConfig(linear_kernel="specdec"))
+    assert odd_heads.lean is None  # head_dim 8: the attention kernel needs multiples of 16
+
+
+@needs_kernel
+def test_lean_close_to_torch_kernels_on_smollm(smol_path):
+    lean = ModelRunner(load_model(smol_path, torch.float32).model)
+    plain = ModelRunner(load_model(smol_path, torch.float32).model, config=RunnerConfig(linear_kernel="torch"))
+    assert lean.lean is not None and plain.lean is None
+    ids = [1, 504, 3458, 282, 4195, 314, 260, 1345, 30, 2]
+    (la, _), (lb, _) = (r.forward(ids, r.new_cache(32)) for r in (lean, plain))
+    torch.testing.assert_close(la, lb, rtol=1e-3, atol=2e-3)
+    assert torch.equal(la.argmax(-1), lb.argmax(-1))
