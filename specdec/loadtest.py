@@ -46,6 +46,12 @@ class LevelResult:
         return asdict(self)
 
 
+def median_run(results: list[LevelResult]) -> LevelResult:
+    """The run of median throughput among repeats of one level (a whole run, so its figures agree)."""
+    ordered = sorted(results, key=lambda r: r.output_tokens_per_s)
+    return ordered[(len(ordered) - 1) // 2]
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return 0.0

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 
@@ -30,6 +31,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--target", default=None, help="target checkpoint dir of the local stack (default: embedded)")
     p.add_argument("--no-spec", action="store_true", help="local stack without speculation")
     p.add_argument("--compare", action="store_true", help="local stacks with and without speculation, one after the other")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run each level this many times (with --compare, alternating the stacks) and report the "
+                        "median run: a shared machine drifts between runs")
     p.add_argument("--plot", default=None, help="write throughput against concurrency as PNG here")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=run)
@@ -37,14 +41,14 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from specdec.core.types import SamplingParams
-    from specdec.loadtest import plot, run_level
+    from specdec.loadtest import median_run, plot, run_level
 
     try:
         levels = [int(c) for c in args.concurrency.split(",")]
     except ValueError:
         raise InvalidArgument(f"--concurrency must be comma-separated integers, got {args.concurrency!r}") from None
-    if not levels or min(levels) < 1 or args.requests < 1:
-        raise InvalidArgument("--concurrency levels and --requests must be >= 1")
+    if not levels or min(levels) < 1 or args.requests < 1 or args.rounds < 1:
+        raise InvalidArgument("--concurrency levels, --requests and --rounds must be >= 1")
     if (args.server or args.http) and args.compare:
         raise InvalidArgument("--compare starts its own stacks; it cannot be used with --server or --http URL")
     if args.server and args.http == "":
@@ -62,13 +66,20 @@ def run(args: argparse.Namespace) -> int:
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     configs = [("speculative", False), ("no speculation", True)] if args.compare else [
         ("no speculation" if args.no_spec else args.drafter, args.no_spec)]
-    runs = {}
-    for label, no_spec in configs:
-        label += " over HTTP" if args.http is not None else ""
-        with _stack(args, no_spec) as (address, http_url):
-            runs[label] = [run_level(address, c, args.requests, params, http_url=http_url, client_options=options)
-                           for c in levels]
-            for result in runs[label]:
+    labels = [label + (" over HTTP" if args.http is not None else "") for label, _ in configs]
+    with contextlib.ExitStack() as stacks:  # every stack up at once: levels alternate between them
+        targets = [stacks.enter_context(_stack(args, no_spec)) for _, no_spec in configs]
+        runs = {label: [] for label in labels}
+        for c in levels:
+            tries = {label: [] for label in labels}
+            for r in range(args.rounds):  # alternate the order, so drift of a shared machine hits both sides
+                order = list(zip(labels, targets))
+                for label, (address, http_url) in order if r % 2 == 0 else order[::-1]:
+                    tries[label].append(run_level(address, c, args.requests, params, http_url=http_url,
+                                                  client_options=options))
+            for label in labels:
+                result = median_run(tries[label])
+                runs[label].append(result)
                 print(f"[{label}] concurrency {result.concurrency}: {result.output_tokens_per_s:.1f} tok/s, "
                       f"ttft p50 {result.ttft_p50_s:.2f}s p99 {result.ttft_p99_s:.2f}s, tpot p50 "
                       f"{result.tpot_p50_s * 1000:.0f}ms p99 {result.tpot_p99_s * 1000:.0f}ms, acceptance "

@@ -85,3 +85,23 @@ def test_local_stack_can_draft_inside_the_target():
 
     spec = local_stack_config(argparse.Namespace(target=None, drafter="suffix", draft_in="target"), no_spec=False)
     assert spec.drafts == () and [t.drafter for t in spec.targets] == ["suffix"]
+
+
+def test_rounds_repeat_each_level_and_report_the_median_run(draft_stack: Stack):
+    with Client(draft_stack.address) as client:
+        admitted_before = client.server_info().num_admitted
+    result = loadtest("--server", draft_stack.address, "--concurrency", "1", "--requests", "2", "--rounds", "3",
+                      "--max-new-tokens", "8", "--json")
+    assert result.returncode == 0, result.stderr
+    ((_, (level,)),) = json.loads(result.stdout).items()
+    assert level["num_requests"] == 2 and level["num_errors"] == 0
+    with Client(draft_stack.address) as client:
+        assert client.server_info().num_admitted == admitted_before + 6  # three runs of the level
+    assert loadtest("--server", "127.0.0.1:1", "--rounds", "0").returncode == 2
+
+
+def test_median_run_is_one_whole_run():
+    from specdec.loadtest import LevelResult, median_run
+
+    runs = [LevelResult(1, 4, 0, tps, 0.1, 0.2, 0.01, 0.02, 0.5, 1.5, 1.0) for tps in (30.0, 10.0, 20.0, 40.0)]
+    assert median_run(runs) is runs[2] and median_run(runs[:1]) is runs[0]
