@@ -28,6 +28,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--steps", type=int, default=0, help="exactly N steps instead of a time budget (reproducible)")
     p.add_argument("--cache", default=None, help="feature cache root (default: $SPECDEC_CACHE or ~/.cache/specdec)")
     p.add_argument("--resume", action="store_true", help="eagle3: continue from OUT/train_state.pt")
+    p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
+                   help="eagle3: constant after warm-up, or cosine decay to 5%% of the peak over this sitting's "
+                        "budget (for the sitting that ends a run)")
     p.add_argument("--cached-only", action="store_true",
                    help="eagle3: train on the shards already cached, skipping (not generating) the others")
     p.add_argument("--shards", default=None,
@@ -53,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.minutes <= 0 or args.steps < 0:
         raise InvalidArgument("--minutes must be > 0 and --steps >= 0")
-    if (args.resume or args.cached_only) and args.recipe != "eagle3":
-        raise InvalidArgument("--resume and --cached-only apply to the eagle3 recipe only")
+    if (args.resume or args.cached_only or args.lr_schedule != "constant") and args.recipe != "eagle3":
+        raise InvalidArgument("--resume, --cached-only and --lr-schedule apply to the eagle3 recipe only")
     if args.max_new_tokens <= 0:
         raise InvalidArgument("--max-new-tokens must be > 0")
     torch.set_num_threads(max(args.threads, 1))
