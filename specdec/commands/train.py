@@ -127,9 +127,16 @@ def train(recipe: str, fs, target, budget, out: Path, seed: int, extra: dict) ->
 
 def write_readme(out: Path, recipe: str, summary: dict) -> None:
     record = json.loads((out / "recipe.json").read_text())
-    lines = [f"# {recipe} drafter", "", f"Trained by: `{record.get('command') or 'specdec train ' + recipe}`", "",
-             f"Reproduce exactly: `specdec train {recipe} --steps {summary['steps']} --out DIR` "
-             "(same seed, same feature cache).", "", "Loss curve: loss.png. Full recipe and results: recipe.json.", "",
+    history = summary.get("sitting_history") or []
+    if len(history) > 1:  # a resumed run: each sitting's command, steps and learning-rate schedule
+        made = ["Trained in sittings:", ""] + [f"{h['sitting']}. `{h['command']}`: {h['steps']} steps, {h['minutes']} min, "
+                                              f"{h['lr_schedule']} learning rate, {h['num_train_tokens']} tokens"
+                                              for h in history]
+    else:
+        made = [f"Trained by: `{record.get('command') or 'specdec train ' + recipe}`", "",
+                f"Reproduce exactly: `specdec train {recipe} --steps {summary['steps']} --out DIR` "
+                "(same seed, same feature cache)."]
+    lines = [f"# {recipe} drafter", "", *made, "", "Loss curve: loss.png. Full recipe and results: recipe.json.", "",
              "| result | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in summary.items() if not isinstance(v, list)]
     (out / "README.md").write_text("\n".join(lines) + "\n")

@@ -55,6 +55,7 @@ def test_train_resumes_and_records_the_recipe(tiny_chat_target, tmp_path):
     third = json.loads((out / "recipe.json").read_text())
     assert third["num_feature_tokens"] > second["num_feature_tokens"]
     assert third["config"]["lr_schedule"] == "cosine" and third["result"]["sitting_history"][-1]["steps"] == 1
+    assert "3. `" in (out / "README.md").read_text()  # the README lists every sitting's command
     greedy = SamplingParams(max_new_tokens=12, ignore_eos=True)
     want = Engine.from_pretrained(target=str(tiny_chat_target)).generate([1, 2, 3, 4], greedy).token_ids
     engine = Engine.from_pretrained(target=str(tiny_chat_target), drafter="eagle3", draft=str(out))
