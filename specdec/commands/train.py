@@ -28,6 +28,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--steps", type=int, default=0, help="exactly N steps instead of a time budget (reproducible)")
     p.add_argument("--cache", default=None, help="feature cache root (default: $SPECDEC_CACHE or ~/.cache/specdec)")
     p.add_argument("--resume", action="store_true", help="eagle3: continue from OUT/train_state.pt")
+    p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
+                   help="eagle3: constant after warm-up, or cosine decay to 5%% of the peak over this sitting's "
+                        "budget (for the sitting that ends a run)")
     p.add_argument("--cached-only", action="store_true",
                    help="eagle3: train on the shards already cached, skipping (not generating) the others")
     p.add_argument("--shards", default=None,
@@ -53,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.minutes <= 0 or args.steps < 0:
         raise InvalidArgument("--minutes must be > 0 and --steps >= 0")
-    if (args.resume or args.cached_only) and args.recipe != "eagle3":
-        raise InvalidArgument("--resume and --cached-only apply to the eagle3 recipe only")
+    if (args.resume or args.cached_only or args.lr_schedule != "constant") and args.recipe != "eagle3":
+        raise InvalidArgument("--resume, --cached-only and --lr-schedule apply to the eagle3 recipe only")
     if args.max_new_tokens <= 0:
         raise InvalidArgument("--max-new-tokens must be > 0")
     torch.set_num_threads(max(args.threads, 1))
@@ -124,9 +127,16 @@ def train(recipe: str, fs, target, budget, out: Path, seed: int, extra: dict) ->
 
 def write_readme(out: Path, recipe: str, summary: dict) -> None:
     record = json.loads((out / "recipe.json").read_text())
-    lines = [f"# {recipe} drafter", "", f"Trained by: `{record.get('command') or 'specdec train ' + recipe}`", "",
-             f"Reproduce exactly: `specdec train {recipe} --steps {summary['steps']} --out DIR` "
-             "(same seed, same feature cache).", "", "Loss curve: loss.png. Full recipe and results: recipe.json.", "",
+    history = summary.get("sitting_history") or []
+    if len(history) > 1:  # a resumed run: each sitting's command, steps and learning-rate schedule
+        made = ["Trained in sittings:", ""] + [f"{h['sitting']}. `{h['command']}`: {h['steps']} steps, {h['minutes']} min, "
+                                              f"{h['lr_schedule']} learning rate, {h['num_train_tokens']} tokens"
+                                              for h in history]
+    else:
+        made = [f"Trained by: `{record.get('command') or 'specdec train ' + recipe}`", "",
+                f"Reproduce exactly: `specdec train {recipe} --steps {summary['steps']} --out DIR` "
+                "(same seed, same feature cache)."]
+    lines = [f"# {recipe} drafter", "", *made, "", "Loss curve: loss.png. Full recipe and results: recipe.json.", "",
              "| result | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in summary.items() if not isinstance(v, list)]
     (out / "README.md").write_text("\n".join(lines) + "\n")

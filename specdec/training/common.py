@@ -54,6 +54,14 @@ class BudgetBar:
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.start
 
+    @property
+    def fraction(self) -> float:
+        """How much of this budget is spent, 0..1: steps over max_steps, else time over minutes (a learning-rate
+        schedule that follows it ends where the sitting ends, whichever budget it has)."""
+        if self.budget.max_steps:
+            return min(self.steps / self.budget.max_steps, 1.0)
+        return min(self.elapsed_s / (self.budget.minutes * 60), 1.0)
+
 
 def reduced_vocab(fs: FeatureSet, size: int) -> torch.Tensor:
     """The `size` most frequent target-greedy tokens (FR-Spec's idea): [size] int64, sorted ids.
@@ -94,9 +102,14 @@ def save_loss_curve(losses: list[float], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def command_line() -> str | None:
+    """The `specdec ...` command this process runs, None when it is not the CLI (tests, scripts)."""
+    return " ".join(["specdec", *sys.argv[1:]]) if sys.argv and "specdec" in sys.argv[0] else None
+
+
 def write_recipe(out: Path, recipe: dict) -> None:
     """recipe.json: the config, the command that ran, how many steps, results; the record beside the weights."""
-    record = {"command": " ".join(["specdec", *sys.argv[1:]]) if sys.argv and "specdec" in sys.argv[0] else None,
+    record = {"command": command_line(),
               "python": platform.python_version(), "torch": torch.__version__, **recipe}
     (out / "recipe.json").write_text(json.dumps(record, indent=2, default=str))
 

@@ -10,6 +10,7 @@ the training minutes summed over the sittings.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 import torch
 
 from specdec.drafters.eagle_layer import EagleConfig, EagleHead, save_eagle
-from specdec.training.common import Budget, reduced_vocab, save_loss_curve, to_reduced, write_recipe
+from specdec.training.common import Budget, command_line, reduced_vocab, save_loss_curve, to_reduced, write_recipe
 from specdec.training.features import FeatureSet
 from specdec.training.ttt import ttt_losses
 
@@ -31,7 +32,11 @@ class Eagle3Recipe:
     batch_size: int = 8  # windows per step
     ttt_steps: int = 3  # unrolled drafting depths per window (the training-time test); each costs a full step
     lr: float = 8e-4
-    warmup_steps: int = 30
+    warmup_steps: int = 30  # counted from the first sitting's first step: a resumed sitting does not warm up again
+    # "constant": lr after warm-up (sittings that more will follow); "cosine": from lr down to lr * min_lr_ratio over
+    # this sitting's budget (a sitting meant to end the run: the loss falls further once the step size shrinks)
+    lr_schedule: str = "constant"
+    min_lr_ratio: float = 0.05
     num_heldout_seqs: int = 16
     eval_every: int = 50
     save_every_s: float = 300.0
@@ -95,11 +100,16 @@ def train_eagle3(fs: FeatureSet, model, recipe: Eagle3Recipe, budget: Budget, ou
                  extra: dict | None = None, feature_layers: tuple[int, ...] = ()) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(recipe.seed)
-    train, heldout = fs.split(min(recipe.num_heldout_seqs, max(fs.num_seqs // 5, 1)))
     embed = model.get_input_embeddings().weight.detach().float()  # [vocab, H]
     state = torch.load(out / STATE_FILE, weights_only=False) if resume and (out / STATE_FILE).is_file() else None
     if resume and state is None:
         print(f"no {out / STATE_FILE} to resume from: starting afresh")
+    # a resumed sitting keeps the first sitting's held-out sequences (shards added later come after the old ones,
+    # so their indices hold): re-picking by stride over more shards would hold out text already trained on
+    held_seqs = state.get("heldout_seqs") if state else None
+    if not held_seqs or max(held_seqs) >= fs.num_seqs:
+        held_seqs = fs.heldout_seqs(min(recipe.num_heldout_seqs, max(fs.num_seqs // 5, 1)))
+    train, heldout = fs.split(0, held_seqs)
     vocab_ids = state["vocab_ids"] if state else reduced_vocab(train, recipe.vocab_size)
     head_weight = model.get_output_embeddings().weight.detach().float()[vocab_ids]  # [V', H] frozen
     config = EagleConfig.for_target(model.config, top_k=recipe.top_k, depth=recipe.depth, num_nodes=recipe.num_nodes,
@@ -118,7 +128,7 @@ def train_eagle3(fs: FeatureSet, model, recipe: Eagle3Recipe, budget: Budget, ou
 
     def save_state() -> None:
         torch.save({"head": head.state_dict(), "optimizer": opt.state_dict(), "vocab_ids": vocab_ids,
-                    "progress": progress, "recipe": asdict(recipe)}, out / STATE_FILE)
+                    "heldout_seqs": held_seqs, "progress": progress, "recipe": asdict(recipe)}, out / STATE_FILE)
 
     bar = budget.progress("train eagle3 (ttt)")
     for _ in bar:
@@ -128,7 +138,7 @@ def train_eagle3(fs: FeatureSet, model, recipe: Eagle3Recipe, budget: Budget, ou
         if progress["position"] >= len(spans):
             progress["epoch"], progress["position"] = progress["epoch"] + 1, 0
         for group in opt.param_groups:
-            group["lr"] = recipe.lr * min(1.0, (progress["step"] + 1) / recipe.warmup_steps)
+            group["lr"] = learning_rate(recipe, progress["step"], bar.fraction)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=recipe.bf16_autocast):
             loss, _ = ttt_losses(head, *make_batch(train, spans[pick], vocab_ids, embed, recipe.window_len),
                                  head_weight, recipe.ttt_steps)
@@ -146,6 +156,11 @@ def train_eagle3(fs: FeatureSet, model, recipe: Eagle3Recipe, budget: Budget, ou
             save_state()
             last_save = time.perf_counter()
     accuracy = heldout_accuracy(head, held, head_weight, recipe)
+    # one entry per sitting (states of older runs lack it: their sittings are summed in the totals only)
+    progress.setdefault("history", []).append({
+        "sitting": progress["sittings"], "command": command_line(), "steps": progress["step"] - start_step,
+        "minutes": round((progress["train_s"] - start_s) / 60, 1), "lr_schedule": recipe.lr_schedule,
+        "num_train_tokens": len(train.ids), "heldout_top1_by_depth": [round(a, 4) for a in accuracy]})
     save_state()
     head.eval()
     save_eagle(out, head, vocab_ids)
@@ -155,11 +170,20 @@ def train_eagle3(fs: FeatureSet, model, recipe: Eagle3Recipe, budget: Budget, ou
                "epochs": round(progress["epoch"] + progress["position"] / len(spans), 3),
                "train_minutes": round(progress["train_s"] / 60, 1),
                "final_loss": sum(progress["losses"][-20:]) / max(len(progress["losses"][-20:]), 1),
-               "heldout_top1_by_depth": [round(a, 4) for a in accuracy]}
+               "heldout_top1_by_depth": [round(a, 4) for a in accuracy], "sitting_history": progress["history"]}
     write_recipe(out, {"recipe": "eagle3", "config": asdict(recipe), "feature_layers": list(feature_layers),
                        "num_train_tokens": len(train.ids), "num_heldout_tokens": len(heldout.ids),
                        **(extra or {}), "result": summary})
     return summary
+
+
+def learning_rate(recipe: Eagle3Recipe, step: int, fraction: float) -> float:
+    """The step size at global `step`, `fraction` (0..1) of the way through this sitting's budget."""
+    warmup = min(1.0, (step + 1) / recipe.warmup_steps)
+    if recipe.lr_schedule == "constant":
+        return recipe.lr * warmup
+    floor = recipe.lr * recipe.min_lr_ratio
+    return warmup * (floor + (recipe.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * fraction)))
 
 
 @torch.no_grad()

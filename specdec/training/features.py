@@ -57,11 +57,15 @@ class FeatureSet:
         lens = torch.tensor([0] + [b - a for a, b in spans], dtype=torch.long)
         return FeatureSet(self.ids[rows], self.features[rows], self.next_ids[rows], lens.cumsum(0))
 
-    def split(self, num_heldout_seqs: int) -> tuple[FeatureSet, FeatureSet]:
-        """(train, held-out): every (num_seqs // num_heldout_seqs)-th sequence is held out, so the held-out
-        set mixes every kind of text (answers to each task family and raw passages) like the training set."""
+    def heldout_seqs(self, num_heldout_seqs: int) -> list[int]:
+        """Every (num_seqs // num_heldout_seqs)-th sequence, so the held-out set mixes every kind of text
+        (answers to each task family and raw passages) like the training set."""
         stride = max(self.num_seqs // max(num_heldout_seqs, 1), 1)
-        held = [s for s in range(self.num_seqs) if s % stride == stride - 1][:num_heldout_seqs]
+        return [s for s in range(self.num_seqs) if s % stride == stride - 1][:num_heldout_seqs]
+
+    def split(self, num_heldout_seqs: int, held: list[int] | None = None) -> tuple[FeatureSet, FeatureSet]:
+        """(train, held-out): the sequences `held` (default: heldout_seqs) are held out."""
+        held = self.heldout_seqs(num_heldout_seqs) if held is None else held
         keep = sorted(set(range(self.num_seqs)) - set(held))
         return self.select(keep), self.select(held)
 
