@@ -80,8 +80,7 @@ class EagleSession:
         frontier = [(-1, root_out)]  # (node, predicted feature whose children to draft)
         for level in range(1, depth + 1):
             new_nodes = []
-            logps = torch.log_softmax(d.head.lm_input(torch.stack([f for _, f in frontier])) @ d.head_weight.T,
-                                     dim=-1)  # [F, V']
+            logps = torch.log_softmax(d.draft_logits(torch.stack([f for _, f in frontier])), dim=-1)  # [F, V']
             top = torch.topk(logps, k, dim=-1)
             for (parent, _), values, indices in zip(frontier, top.values.tolist(), top.indices.tolist()):
                 base = scores[parent] if parent >= 0 else 0.0
@@ -142,6 +141,20 @@ class EagleDrafter:
         self.embed_weight = embed_weight  # [vocab, H] the target's input embeddings
         self.head_weight = head_weight[self.vocab_ids].contiguous()  # [V', H] rows of the target's LM head
         self.dtype = head_weight.dtype
+        self.packed_lm = None  # the rows above packed for rowgemm, where the target runs specdec's kernels
+
+    def use_kernels(self, mode: str) -> None:
+        """Run the head's linear layers and its reduced LM head on specdec's CPU kernels, as the target does:
+        a draft step is a few rows, which torch's matmul streams the weights for again and again."""
+        from specdec.kernels.linear import PackedLinear, install
+
+        if install(self.head, mode).kernel == "specdec":
+            self.packed_lm = PackedLinear(self.head_weight, None)
+
+    def draft_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """[F, H] predicted features -> [F, V'] logits over the reduced vocabulary."""
+        x = self.head.lm_input(features)
+        return x @ self.head_weight.T if self.packed_lm is None else self.packed_lm(x)
 
     def embed(self, token_ids: list[int]) -> torch.Tensor:
         return self.embed_weight[torch.tensor(token_ids, dtype=torch.long, device=self.device)].to(self.dtype)  # [n, H]
@@ -164,7 +177,9 @@ class EagleDrafter:
         if any(v < 0 for v in overrides.values()):
             raise InvalidArgument(f"eagle options must be positive, got {overrides}")
         config = replace(config, **overrides)
-        return cls(head, vocab_ids, model.get_input_embeddings().weight, runner.head_weight, config)
+        drafter = cls(head, vocab_ids, model.get_input_embeddings().weight, runner.head_weight, config)
+        drafter.use_kernels(runner.run_config.linear_kernel)
+        return drafter
 
     def new_session(self) -> EagleSession:
         return EagleSession(self)
