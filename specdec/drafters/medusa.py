@@ -98,7 +98,7 @@ class MedusaSession:
         parents, ranks = paths_to_parents(paths)
         ordered = sorted(paths, key=lambda p: (len(p), p))  # paths_to_parents' node order
         feats = d.heads(hidden.to(d.head_weight.dtype).unsqueeze(0))[0]  # [K, H]
-        logits = feats @ d.head_weight.T  # [K, V']
+        logits = d.draft_logits(feats)  # [K, V']
         top = torch.topk(logits, d.max_rank + 1, dim=-1).indices  # [K, R]
         candidates = d.vocab_ids[top].tolist()  # [K][R] target token ids
         tokens = tuple(candidates[len(p) - 1][r] for p, r in zip(ordered, ranks))
@@ -128,6 +128,19 @@ class MedusaDrafter:
         self.config = config
         self.paths = list(config.tree_paths[:num_nodes] if num_nodes > 0 else config.tree_paths)
         self.max_rank = max(max(p) for p in self.paths)
+        self.packed_lm = None  # head_weight packed for rowgemm, where the target runs specdec's kernels
+
+    def use_kernels(self, mode: str) -> None:
+        """The heads and the reduced LM head on specdec's CPU kernels, as the target runs its own: K rows
+        against [V', H] is the product torch's matmul streams the weights for worst."""
+        from specdec.kernels.linear import PackedLinear, install
+
+        if install(self.heads, mode).kernel == "specdec":
+            self.packed_lm = PackedLinear(self.head_weight, None)
+
+    def draft_logits(self, feats: torch.Tensor) -> torch.Tensor:
+        """[K, H] head outputs -> [K, V'] logits over the reduced vocabulary."""
+        return feats @ self.head_weight.T if self.packed_lm is None else self.packed_lm(feats)
 
     @classmethod
     def load(cls, path: Path, runner, num_nodes: int = 0) -> MedusaDrafter:
@@ -137,7 +150,9 @@ class MedusaDrafter:
                 or config.target_vocab_size != runner.vocab_size:
             raise InvalidArgument(f"Medusa heads in {str(path)!r} were trained for another target "
                                   f"(hidden {config.hidden_size}, vocab {config.target_vocab_size})")
-        return cls(heads, vocab_ids, runner.head_weight, config, num_nodes)
+        drafter = cls(heads, vocab_ids, runner.head_weight, config, num_nodes)
+        drafter.use_kernels(runner.run_config.linear_kernel)
+        return drafter
 
     def new_session(self) -> MedusaSession:
         return MedusaSession(self)
