@@ -98,7 +98,7 @@ def local_stack_config(args: argparse.Namespace, no_spec: bool):
     from specdec.serving_config import StackConfig, TargetConfig
 
     ns = argparse.Namespace(config=None, target=args.target, drafter=args.drafter, draft=None,
-                            draft_in=getattr(args, "draft_in", "worker"), dtype="auto", port=0,
+                            draft_in=args.draft_in, dtype="auto", port=0,
                             http_port=0, api_keys_file=None, no_pipeline=False, metrics_port=-1, host=None,
                             insecure=False, device="auto", linear_kernel="auto")
     config = stack_config(ns)

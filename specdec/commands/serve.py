@@ -86,7 +86,7 @@ def _stack_config(args: argparse.Namespace) -> StackConfig:
     router = RouterConfig(port=args.port, http_port=args.http_port, api_keys_file=args.api_keys_file,
                           metrics_port=args.metrics_port)
     workers = -1 if args.metrics_port < 0 else 0  # with the router's endpoint, one per worker on a free port
-    if args.drafter in SELF_DRAFTERS or getattr(args, "draft_in", "worker") == "target":
+    if args.drafter in SELF_DRAFTERS or args.draft_in == "target":
         return StackConfig(router=router, drafts=(),
                            targets=(TargetConfig(model=args.target, dtype=args.dtype, drafter=args.drafter,
                                                  draft=args.draft, metrics_port=workers, device=args.device,

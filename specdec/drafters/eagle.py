@@ -22,6 +22,7 @@ from specdec.core.tree import DraftTree
 from specdec.core.types import SamplingParams
 from specdec.drafters.eagle_layer import EagleConfig, EagleHead, load_eagle
 from specdec.errors import InvalidArgument
+from specdec.kernels.linear import install_with_rows
 
 
 class EagleSession:
@@ -141,20 +142,16 @@ class EagleDrafter:
         self.embed_weight = embed_weight  # [vocab, H] the target's input embeddings
         self.head_weight = head_weight[self.vocab_ids].contiguous()  # [V', H] rows of the target's LM head
         self.dtype = head_weight.dtype
-        self.packed_lm = None  # the rows above packed for rowgemm, where the target runs specdec's kernels
+        self.lm_rows = lambda x: x @ self.head_weight.T  # [.., H] -> [.., V'] (use_kernels may repack it)
 
     def use_kernels(self, mode: str) -> None:
-        """Run the head's linear layers and its reduced LM head on specdec's CPU kernels, as the target does:
-        a draft step is a few rows, which torch's matmul streams the weights for again and again."""
-        from specdec.kernels.linear import PackedLinear, install
-
-        if install(self.head, mode).kernel == "specdec":
-            self.packed_lm = PackedLinear(self.head_weight, None)
+        """The head's linear layers and its reduced LM head on the kernel `mode` resolves to, as the
+        target's: a draft step is a few rows, which torch's matmul streams the weights for again each time."""
+        self.lm_rows = install_with_rows(self.head, self.head_weight, mode)
 
     def draft_logits(self, features: torch.Tensor) -> torch.Tensor:
         """[F, H] predicted features -> [F, V'] logits over the reduced vocabulary."""
-        x = self.head.lm_input(features)
-        return x @ self.head_weight.T if self.packed_lm is None else self.packed_lm(x)
+        return self.lm_rows(self.head.lm_input(features))
 
     def embed(self, token_ids: list[int]) -> torch.Tensor:
         return self.embed_weight[torch.tensor(token_ids, dtype=torch.long, device=self.device)].to(self.dtype)  # [n, H]

@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 from specdec.core.tree import DraftTree, paths_to_parents
 from specdec.core.types import SamplingParams
 from specdec.errors import InvalidArgument, ModelNotFound
+from specdec.kernels.linear import install_with_rows
 
 WEIGHTS = "medusa.safetensors"
 CONFIG = "medusa_config.json"
@@ -98,7 +99,7 @@ class MedusaSession:
         parents, ranks = paths_to_parents(paths)
         ordered = sorted(paths, key=lambda p: (len(p), p))  # paths_to_parents' node order
         feats = d.heads(hidden.to(d.head_weight.dtype).unsqueeze(0))[0]  # [K, H]
-        logits = d.draft_logits(feats)  # [K, V']
+        logits = d.lm_rows(feats)  # [K, V']
         top = torch.topk(logits, d.max_rank + 1, dim=-1).indices  # [K, R]
         candidates = d.vocab_ids[top].tolist()  # [K][R] target token ids
         tokens = tuple(candidates[len(p) - 1][r] for p, r in zip(ordered, ranks))
@@ -128,19 +129,11 @@ class MedusaDrafter:
         self.config = config
         self.paths = list(config.tree_paths[:num_nodes] if num_nodes > 0 else config.tree_paths)
         self.max_rank = max(max(p) for p in self.paths)
-        self.packed_lm = None  # head_weight packed for rowgemm, where the target runs specdec's kernels
+        self.lm_rows = lambda x: x @ self.head_weight.T  # [.., H] -> [.., V'] (use_kernels may repack it)
 
     def use_kernels(self, mode: str) -> None:
-        """The heads and the reduced LM head on specdec's CPU kernels, as the target runs its own: K rows
-        against [V', H] is the product torch's matmul streams the weights for worst."""
-        from specdec.kernels.linear import PackedLinear, install
-
-        if install(self.heads, mode).kernel == "specdec":
-            self.packed_lm = PackedLinear(self.head_weight, None)
-
-    def draft_logits(self, feats: torch.Tensor) -> torch.Tensor:
-        """[K, H] head outputs -> [K, V'] logits over the reduced vocabulary."""
-        return feats @ self.head_weight.T if self.packed_lm is None else self.packed_lm(feats)
+        """The heads and the reduced LM head on the kernel `mode` resolves to, as the target's."""
+        self.lm_rows = install_with_rows(self.heads, self.head_weight, mode)
 
     @classmethod
     def load(cls, path: Path, runner, num_nodes: int = 0) -> MedusaDrafter:

@@ -103,6 +103,15 @@ class FusedRMSNorm(torch.nn.Module):
         return self.kernel.rmsnorm(x, weight, self.original.variance_epsilon)
 
 
+def install_with_rows(module: torch.nn.Module, weight: torch.Tensor, mode: str):
+    """`install(module, mode)`, plus x [..., in] -> x @ weight.T on the same kernel: for a drafting head
+    whose output layer is a block of rows of another model's weight ([out, in], e.g. the target's LM
+    head restricted to a reduced vocabulary), packed once here when specdec's kernel runs."""
+    if install(module, mode).kernel == "specdec":
+        return PackedLinear(weight, None)
+    return lambda x: x @ weight.T
+
+
 def _is_plain(module: torch.nn.Module) -> bool:
     return type(module) is torch.nn.Linear and not hasattr(module.weight, "device_mesh")
 

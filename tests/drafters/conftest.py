@@ -70,3 +70,26 @@ def tiny_eagle3_dir(tiny_fused, tmp_path_factory):
     recipe = Eagle3Recipe(window_len=24, batch_size=4, num_heldout_seqs=4, top_k=3, depth=4, num_nodes=12, ttt_steps=3)
     train_eagle3(fs, target.model, recipe, Budget(max_steps=12), out, feature_layers=default_layers(4))
     return out
+
+
+def assert_greedy_like_plain(target, drafter: str, draft_dir, must_accept: bool = False) -> None:
+    """A trained self-drafter, as shipped and as a wide fixed-depth tree, decodes greedily exactly as plain
+    decoding does, and really drafts (the check would pass vacuously on an empty draft); must_accept: and
+    some of its drafts were accepted."""
+    from specdec import Engine, SamplingParams
+
+    prompts = [[5, 6, 7, 8, 9, 5, 6, 7], [40, 41, 42, 43, 1, 2], [11, 12]]
+    greedy = SamplingParams(max_new_tokens=32, ignore_eos=True)
+    plain = Engine.from_pretrained(target=target)
+    default = Engine.from_pretrained(target=target, drafter=drafter, draft=str(draft_dir))
+    wide = Engine.from_pretrained(target=target, drafter=drafter, draft=str(draft_dir), top_k=4, num_nodes=30,
+                                  adaptive=False, num_speculative_tokens=5)
+    num_drafted = num_accepted = 0
+    for prompt in prompts:
+        want = plain.generate(prompt, greedy).token_ids
+        for engine in (default, wide):
+            out = engine.generate(prompt, greedy)
+            assert out.token_ids == want
+            num_drafted += out.stats.num_draft_tokens
+            num_accepted += out.stats.num_accepted_tokens
+    assert num_drafted > 0 and (num_accepted > 0 or not must_accept)

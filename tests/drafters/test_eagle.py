@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from drafters.conftest import assert_greedy_like_plain
 from specdec import Engine, SamplingParams
 from specdec.drafters.eagle import rerank
 from specdec.drafters.eagle_layer import load_eagle
@@ -22,16 +23,7 @@ def test_checkpoint_loads(tiny_eagle_dir):
 
 
 def test_greedy_equals_plain_decoding(tiny_target, tiny_eagle_dir):
-    plain = Engine.from_pretrained(target=tiny_target)
-    eagle = Engine.from_pretrained(target=tiny_target, drafter="eagle", draft=str(tiny_eagle_dir))
-    wide = Engine.from_pretrained(target=tiny_target, drafter="eagle", draft=str(tiny_eagle_dir), top_k=4,
-                                  num_nodes=30, adaptive=False, num_speculative_tokens=5)
-    for prompt in PROMPTS:
-        want = plain.generate(prompt, GREEDY).token_ids
-        for engine in (eagle, wide):
-            out = engine.generate(prompt, GREEDY)
-            assert out.token_ids == want
-    assert out.stats.num_draft_tokens > 0
+    assert_greedy_like_plain(tiny_target, "eagle", tiny_eagle_dir)
 
 
 def test_chain_matches_recompute_without_cache(tiny_target, tiny_eagle_dir):

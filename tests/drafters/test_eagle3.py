@@ -7,13 +7,12 @@ import pytest
 import torch
 
 from distribution import assert_follows, exact_joint, target_next_probs
+from drafters.conftest import assert_greedy_like_plain
 from specdec import Engine, SamplingParams
 from specdec.drafters.eagle_layer import load_eagle
 from specdec.errors import InvalidArgument
 from specdec.training.ttt import ttt_outputs
 
-PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7], [40, 41, 42, 43, 1, 2], [11, 12]]
-GREEDY = SamplingParams(max_new_tokens=32, ignore_eos=True)
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -51,16 +50,7 @@ def test_training_time_test_unrolls_exactly_as_drafting(tiny_fused, tiny_eagle3_
 
 
 def test_greedy_equals_plain_decoding(tiny_deep_target, tiny_eagle3_dir):
-    plain = Engine.from_pretrained(target=tiny_deep_target)
-    eagle3 = Engine.from_pretrained(target=tiny_deep_target, drafter="eagle3", draft=str(tiny_eagle3_dir))
-    wide = Engine.from_pretrained(target=tiny_deep_target, drafter="eagle3", draft=str(tiny_eagle3_dir), top_k=4,
-                                  num_nodes=30, adaptive=False, num_speculative_tokens=5)
-    for prompt in PROMPTS:
-        want = plain.generate(prompt, GREEDY).token_ids
-        for engine in (eagle3, wide):
-            out = engine.generate(prompt, GREEDY)
-            assert out.token_ids == want
-    assert out.stats.num_draft_tokens > 0 and out.stats.num_accepted_tokens > 0
+    assert_greedy_like_plain(tiny_deep_target, "eagle3", tiny_eagle3_dir, must_accept=True)
 
 
 def test_sampling_keeps_the_target_distribution(tiny_deep_target, tiny_eagle3_dir):

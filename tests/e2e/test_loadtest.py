@@ -72,7 +72,7 @@ def test_local_stack_config_has_every_serve_default():
 
     from specdec.commands.loadtest import local_stack_config
 
-    args = argparse.Namespace(target=None, drafter="ngram")
+    args = argparse.Namespace(target=None, drafter="ngram", draft_in="worker")
     spec, plain = local_stack_config(args, no_spec=False), local_stack_config(args, no_spec=True)
     assert [d.drafter for d in spec.drafts] == ["ngram"] and plain.drafts == ()
     assert spec.targets[0].linear_kernel == "auto" and spec.targets[0].device == "auto"

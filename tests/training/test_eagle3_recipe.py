@@ -14,22 +14,9 @@ from specdec.cli import main
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def tiny_chat_target(tmp_path_factory, smol_path):
-    """A tiny random 4-layer Llama with SmolLM2's tokenizer: the CLI path end to end, in seconds."""
-    from transformers import AutoTokenizer
-
-    from conftest import make_tiny_llama
-
-    path = make_tiny_llama(tmp_path_factory.mktemp("tiny-chat3"), seed=4, hidden=64, layers=4, vocab=49152,
-                           eos_token_id=2)
-    AutoTokenizer.from_pretrained(smol_path).save_pretrained(path)
-    return path
-
-
-def test_train_resumes_and_records_the_recipe(tiny_chat_target, tmp_path):
+def test_train_resumes_and_records_the_recipe(tiny_deep_chat_target, tmp_path):
     out = tmp_path / "eagle3"
-    common = ["--target", str(tiny_chat_target), "--shards", "0:3:2,1:3:1", "--max-new-tokens", "8",
+    common = ["--target", str(tiny_deep_chat_target), "--shards", "0:3:2,1:3:1", "--max-new-tokens", "8",
               "--cache", str(tmp_path / "cache"), "--out", str(out)]
     assert main(["train", "eagle3", "--steps", "2", *common]) == 0
     first = json.loads((out / "recipe.json").read_text())
@@ -57,8 +44,8 @@ def test_train_resumes_and_records_the_recipe(tiny_chat_target, tmp_path):
     assert third["config"]["lr_schedule"] == "cosine" and third["result"]["sitting_history"][-1]["steps"] == 1
     assert "3. `" in (out / "README.md").read_text()  # the README lists every sitting's command
     greedy = SamplingParams(max_new_tokens=12, ignore_eos=True)
-    want = Engine.from_pretrained(target=str(tiny_chat_target)).generate([1, 2, 3, 4], greedy).token_ids
-    engine = Engine.from_pretrained(target=str(tiny_chat_target), drafter="eagle3", draft=str(out))
+    want = Engine.from_pretrained(target=str(tiny_deep_chat_target)).generate([1, 2, 3, 4], greedy).token_ids
+    engine = Engine.from_pretrained(target=str(tiny_deep_chat_target), drafter="eagle3", draft=str(out))
     assert engine.generate([1, 2, 3, 4], greedy).token_ids == want
 
 

@@ -12,19 +12,6 @@ from specdec.cli import main
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def tiny_chat_target(tmp_path_factory, smol_path):
-    """A tiny random Llama with SmolLM2's vocabulary and tokenizer: the CLI path end to end, in seconds."""
-    from transformers import AutoTokenizer
-
-    from conftest import make_tiny_llama
-
-    path = make_tiny_llama(tmp_path_factory.mktemp("tiny-chat"), seed=4, hidden=64, layers=1, vocab=49152,
-                           eos_token_id=2)
-    AutoTokenizer.from_pretrained(smol_path).save_pretrained(path)
-    return path
-
-
 def test_every_recipe_trains_from_the_cli_and_reuses_the_feature_cache(tiny_chat_target, tmp_path, monkeypatch):
     common = ["--target", str(tiny_chat_target), "--steps", "2", "--shards", "0:3:2,1:2:0", "--max-new-tokens", "6",
               "--cache", str(tmp_path / "cache")]
