@@ -36,6 +36,12 @@ class Kernel:
         return self.module is not None and self.module.cpu_isa() >= ISA_NAMES.index("avx512_bf16")
 
 
+# -fopenmp: at::parallel_for is a header template that splits work with `#pragma omp parallel`; compiled
+# without it, every kernel ran on one thread whatever torch.set_num_threads said.
+CFLAGS = ("-O3", "-std=c++17", "-fopenmp")
+LDFLAGS = ("-fopenmp",)
+
+
 @functools.lru_cache(maxsize=1)
 def load_kernel() -> Kernel:
     """The extension, built on first use into <specdec cache>/kernels; never raises."""
@@ -50,7 +56,8 @@ def load_kernel() -> Kernel:
         build_dir = cache_dir() / "kernels" / _sources_digest()
         build_dir.mkdir(parents=True, exist_ok=True)
         module = _built(build_dir) or load(name=NAME, sources=[str(s) for s in SOURCES],
-                                           build_directory=str(build_dir), extra_cflags=["-O3", "-std=c++17"],
+                                           build_directory=str(build_dir), extra_cflags=list(CFLAGS),
+                                           extra_ldflags=list(LDFLAGS),
                                            verbose=False)
     except Exception as exc:  # noqa: BLE001 (any build failure means: keep torch's kernels)
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -63,7 +70,7 @@ def _sources_digest() -> str:
     each build and load their own extension instead of rebuilding over each other's."""
     import hashlib
 
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(" ".join(CFLAGS + LDFLAGS).encode())
     for src in SOURCES:
         digest.update(src.name.encode() + b"\0" + src.read_bytes())
     return digest.hexdigest()[:16]
