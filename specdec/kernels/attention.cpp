@@ -91,7 +91,7 @@ struct Scratch {
 
 // Every pair's unnormalized probabilities exp(q . k_j * scale + mask_j - max) into w.probs, zero from its
 // own visible count up to the unit's largest, which is returned.
-template <typename T>
+template <typename T, int CH>
 AVX512 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t stride) {
   const int64_t pairs = u.rows * u.heads;
   const T* keys = c.k + u.b * c.k_b + u.g * c.k_g;
@@ -112,7 +112,7 @@ AVX512 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t s
   for (int64_t j = 0; j + 16 <= most; j += 16) {  // 16 keys read once, scored for every pair from L1
     for (int64_t p = 0; p < pairs; ++p) {
       if (j + 16 > w.visible[p]) continue;  // its last keys: one by one below
-      __m512 s = _mm512_mul_ps(dots16(qvs + p * c.chunks, c.chunks, keys + j * c.k_row, c.k_row), scale16);
+      __m512 s = _mm512_mul_ps(dots16<T, CH>(qvs + p * c.chunks, c.chunks, keys + j * c.k_row, c.k_row), scale16);
       if (c.mask != nullptr) {
         const float* m = mask_row(p) + j * c.m_j;
         if (c.m_j != 1)
@@ -250,7 +250,11 @@ void attend_all(const torch::Tensor& q, const torch::Tensor& k, const torch::Ten
       const int64_t r = (item % per_group) / split.head_blocks, hb = item % split.head_blocks;
       const Unit u{b, g, r * split.rows, std::min(split.rows, n - r * split.rows), hb * split.heads,
                    std::min(split.heads, c.group - hb * split.heads)};
-      unit_weigh<T>(c, u, w, stride, unit_probs<T>(c, u, w, stride));
+      const int64_t most = c.chunks == 4   ? unit_probs<T, 4>(c, u, w, stride)
+                           : c.chunks == 2 ? unit_probs<T, 2>(c, u, w, stride)
+                           : c.chunks == 8 ? unit_probs<T, 8>(c, u, w, stride)
+                                           : unit_probs<T, 0>(c, u, w, stride);
+      unit_weigh<T>(c, u, w, stride, most);
     }
   });
 }

@@ -48,13 +48,26 @@ constexpr int MAX_CHUNKS = 16;  // head_dim up to 256
 // q . k for 16 keys at once, each key's 16 lanes summed by exactly the additions _mm512_reduce_add_ps
 // makes (upper half + lower half, then quarters, then lanes 0+2 and 1+3, then the last pair), done
 // lane-wise across keys: bitwise the one-key loop's sums, at a fraction of its horizontal work.
-template <typename T>
-SPECDEC_AVX512 inline __m512 dots16(const __m512* qv, int64_t chunks, const T* k, int64_t k_row) {
+// CH: the head's chunks of 16 known at compile time (2, 4, 8: unrolled, the 16 keys' chains interleaved
+// in registers; the same operations per key), or 0: `chunks` at run time.
+template <typename T, int CH>
+SPECDEC_AVX512 inline __attribute__((always_inline)) __m512 dots16(const __m512* qv, int64_t chunks, const T* k,
+                                                                   int64_t k_row) {
   __m512 acc[16];
-  for (int key = 0; key < 16; ++key) {
-    const T* kj = k + key * k_row;
-    acc[key] = _mm512_mul_ps(qv[0], load16(kj));
-    for (int64_t c = 1; c < chunks; ++c) acc[key] = _mm512_fmadd_ps(qv[c], load16(kj + 16 * c), acc[key]);
+  if constexpr (CH > 0) {
+#pragma GCC unroll 16
+    for (int key = 0; key < 16; ++key) acc[key] = _mm512_mul_ps(qv[0], load16(k + key * k_row));
+#pragma GCC unroll 8
+    for (int c = 1; c < CH; ++c) {
+#pragma GCC unroll 16
+      for (int key = 0; key < 16; ++key) acc[key] = _mm512_fmadd_ps(qv[c], load16(k + key * k_row + 16 * c), acc[key]);
+    }
+  } else {
+    for (int key = 0; key < 16; ++key) {
+      const T* kj = k + key * k_row;
+      acc[key] = _mm512_mul_ps(qv[0], load16(kj));
+      for (int64_t c = 1; c < chunks; ++c) acc[key] = _mm512_fmadd_ps(qv[c], load16(kj + 16 * c), acc[key]);
+    }
   }
   __m512 half[8], quarter[4], eighth[2];
   for (int p = 0; p < 8; ++p)  // keys 2p, 2p+1: 8 lanes each, lane i = x[i] + x[i + 8]
