@@ -1,18 +1,19 @@
 // Row-invariant attention for small query counts (decode and verify steps), AVX-512.
 //
 // Every (batch, head, query row) gets its result in a fixed order that does not depend on how many
-// other rows share the call: scores key by key (16-lane dot products, one fixed horizontal sum), the
-// max, exp (a lane-wise polynomial), then the keys' probabilities summed and the value rows weighted in
-// key order from key 0. Keys a mask hides get probability exactly 0 and add nothing, so a row that sees
+// other rows share the call: each key's score by one fixed sum over the head's dims (four chains, dims
+// mod 4, combined in one order), the max, exp (a lane-wise polynomial), then the keys' probabilities
+// summed and the value rows weighted in key order from key 0. Keys a mask hides get probability exactly 0 and add nothing, so a row that sees
 // the first m keys of a longer cache gets bitwise what it gets when the cache holds exactly m keys: a
 // verify forward's rows equal one-token decode steps, which is what greedy equality needs. (torch's
 // CPU flash attention blocks queries and keys by the call's shape, so its rows are not invariant.)
 //
 // Tiled for many rows: a work unit is a block of (query row, head) pairs of one kv group (the GQA heads
-// sharing its keys x a block of rows). A block of 16 keys is read once and scored for every pair of
-// the unit from L1; then a block of KEY_BLOCK value rows is weighed into every pair's accumulators
-// (kept in memory between blocks, each pair's chain still in key order). So the keys and values stream
-// once per unit instead of once per row, and each pair's arithmetic is exactly what it is alone.
+// sharing its keys x a block of rows). A block of 16 keys is read once, transposed (keys across lanes,
+// so a score needs no horizontal sum) and scored for every pair of the unit; then a block of KEY_BLOCK
+// value rows is weighed into every pair's accumulators (kept in memory between blocks, each pair's
+// chain still in key order). The keys and values stream once per unit instead of once per row, the
+// transpose is shared by the unit's pairs, and each pair's arithmetic is exactly what it is alone.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
@@ -29,6 +30,7 @@ using namespace specdec_attention;
 
 constexpr int64_t MOST_PAIRS = 24;  // (query row, head) pairs per unit: each key block is applied to all
 constexpr int64_t KEY_BLOCK = 64;   // value rows weighed into every pair's accumulators while in L1
+constexpr int64_t TRANSPOSE_PAIRS = 4;  // transposing a block of keys costs about what scoring 4 pairs does
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
 // The call's tensors as pointers and element strides (q [B, H, n, d], k / v [B, kv_heads, L, d],
@@ -50,21 +52,30 @@ struct Unit {
   int64_t b, g, row0, rows, head0, heads;
 };
 
-// Rows and heads per unit: up to MOST_PAIRS pairs (more reuse of every key block read), split further
-// while there are fewer than two units per thread, so both threads work even at batch 1 and one row.
+// Rows and heads per unit, by a cost model: a unit pays for transposing the keys once (about as much as
+// scoring 4 pairs) plus its pairs; the threads take equal counts of units, so the split that minimizes
+// one thread's share wins (more pairs per unit on ties: fewer passes over the keys and values).
 struct Split {
   int64_t rows, heads, row_blocks, head_blocks;
 };
 
 Split split_work(int64_t B, int64_t kv_heads, int64_t n, int64_t group, int64_t threads) {
-  int64_t rows = std::min<int64_t>(n, std::max<int64_t>(1, MOST_PAIRS / group)), heads = group;
   const auto blocks = [](int64_t total, int64_t each) { return (total + each - 1) / each; };
-  const auto units = [&] { return B * kv_heads * blocks(n, rows) * blocks(group, heads); };
-  while (units() < 2 * threads && rows > 1) rows = blocks(rows, 2);
-  while (units() < 2 * threads && heads > 1) heads = blocks(heads, 2);
-  rows = blocks(n, blocks(n, rows));  // even blocks: 10 rows as 5 + 5, not 8 + 2
-  heads = blocks(group, blocks(group, heads));
-  return {rows, heads, blocks(n, rows), blocks(group, heads)};
+  Split best{1, 1, n, group};
+  int64_t best_cost = -1;
+  for (int64_t heads = group;; heads = blocks(heads, 2)) {
+    for (int64_t rows = std::min<int64_t>(n, std::max<int64_t>(1, MOST_PAIRS / heads)); rows >= 1; --rows) {
+      const int64_t even_rows = blocks(n, blocks(n, rows)), even_heads = blocks(group, blocks(group, heads));
+      const int64_t units = B * kv_heads * blocks(n, even_rows) * blocks(group, even_heads);
+      const int64_t cost = blocks(units, threads) * (TRANSPOSE_PAIRS + even_rows * even_heads);
+      if (best_cost < 0 || cost < best_cost) {
+        best_cost = cost;
+        best = {even_rows, even_heads, blocks(n, even_rows), blocks(group, even_heads)};
+      }
+    }
+    if (heads == 1) break;
+  }
+  return best;
 }
 
 // Floats on a 64-byte boundary (std::vector<__m512> does not promise it here), viewed as vectors.
@@ -82,61 +93,67 @@ class Vectors {
 
 // One thread's working memory, reused unit after unit.
 struct Scratch {
-  Vectors qv, top16;  // [pairs, chunks] the pairs' queries; [pairs] running maxima
-  std::vector<float> probs, acc, sums;  // [pairs, stride] scores then probabilities; [pairs, d]; [pairs]
+  Vectors kt, top16;  // [d] a block of 16 keys across lanes; [pairs] running maxima
+  std::vector<float> qf, probs, acc, sums;  // [pairs, d] queries; [pairs, stride] scores, then probabilities;
+                                            // [pairs, d] value accumulators; [pairs] their sums
   std::vector<int64_t> visible;  // [pairs] keys each pair sees
-  Scratch(int64_t pairs, int64_t chunks, int64_t stride, int64_t d)
-      : qv(pairs * chunks), top16(pairs), probs(pairs * stride), acc(pairs * d), sums(pairs), visible(pairs) {}
+  Scratch(int64_t pairs, int64_t stride, int64_t d)
+      : kt(d), top16(pairs), qf(pairs * d), probs(pairs * stride), acc(pairs * d), sums(pairs), visible(pairs) {}
 };
 
 // Every pair's unnormalized probabilities exp(q . k_j * scale + mask_j - max) into w.probs, zero from its
 // own visible count up to the unit's largest, which is returned.
-template <typename T, int CH>
+template <typename T>
 AVX512 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t stride) {
-  const int64_t pairs = u.rows * u.heads;
+  const int64_t pairs = u.rows * u.heads, d = c.d;
   const T* keys = c.k + u.b * c.k_b + u.g * c.k_g;
-  __m512* const qvs = w.qv.data();
   __m512* const top16 = w.top16.data();
+  __m512* const kt = w.kt.data();
   int64_t most = 0;
   for (int64_t p = 0; p < pairs; ++p) {
     const int64_t i = u.row0 + p / u.heads, h = u.g * c.group + u.head0 + p % u.heads;
     const T* qp = c.q + u.b * c.q_b + h * c.q_h + i * c.q_i;
-    for (int64_t ch = 0; ch < c.chunks; ++ch) qvs[p * c.chunks + ch] = load16(qp + 16 * ch);
+    for (int64_t ch = 0; ch < c.chunks; ++ch) _mm512_storeu_ps(w.qf.data() + p * d + 16 * ch, load16(qp + 16 * ch));
     w.visible[p] = c.visible(i);
     top16[p] = _mm512_set1_ps(NEG_INF);
     most = std::max(most, w.visible[p]);
   }
-  const auto mask_row = [&](int64_t p) { return c.mask + u.b * c.m_b + (u.row0 + p / u.heads) * c.m_i; };
   const __m512 scale16 = _mm512_set1_ps(c.scale);
   alignas(64) float masked[16];
-  for (int64_t j = 0; j + 16 <= most; j += 16) {  // 16 keys read once, scored for every pair from L1
-    for (int64_t p = 0; p < pairs; ++p) {
-      if (j + 16 > w.visible[p]) continue;  // its last keys: one by one below
-      __m512 s = _mm512_mul_ps(dots16<T, CH>(qvs + p * c.chunks, c.chunks, keys + j * c.k_row, c.k_row), scale16);
-      if (c.mask != nullptr) {
-        const float* m = mask_row(p) + j * c.m_j;
-        if (c.m_j != 1)
-          for (int e = 0; e < 16; ++e) masked[e] = m[e * c.m_j];
-        s = _mm512_add_ps(s, c.m_j == 1 ? _mm512_loadu_ps(m) : _mm512_load_ps(masked));
+  __m512 s[6];
+  for (int64_t j = 0; j < most; j += 16) {  // 16 keys read and transposed once, scored for every pair
+    keys_across_lanes<T>(keys + j * c.k_row, c.k_row, std::min<int64_t>(16, most - j), c.chunks, kt);
+    for (int64_t p = 0; p < pairs;) {
+      const int64_t count = std::min<int64_t>(6, pairs - p);
+      const float* q = w.qf.data() + p * d;
+      switch (count) {
+        case 1: scores16<1>(q, d, kt, d, s); break;
+        case 2: scores16<2>(q, d, kt, d, s); break;
+        case 3: scores16<3>(q, d, kt, d, s); break;
+        case 4: scores16<4>(q, d, kt, d, s); break;
+        case 5: scores16<5>(q, d, kt, d, s); break;
+        default: scores16<6>(q, d, kt, d, s); break;
       }
-      _mm512_storeu_ps(w.probs.data() + p * stride + j, s);
-      top16[p] = _mm512_max_ps(top16[p], s);
+      for (int64_t g = 0; g < count; ++g, ++p) {
+        const int64_t seen = std::min<int64_t>(16, w.visible[p] - j);
+        if (seen <= 0) continue;
+        const __mmask16 lanes = seen == 16 ? 0xFFFF : static_cast<__mmask16>((1u << seen) - 1);
+        __m512 sc = _mm512_mul_ps(s[g], scale16);
+        if (c.mask != nullptr) {
+          const float* m = c.mask + u.b * c.m_b + (u.row0 + p / u.heads) * c.m_i + j * c.m_j;
+          if (c.m_j != 1)
+            for (int64_t e = 0; e < seen; ++e) masked[e] = m[e * c.m_j];
+          sc = _mm512_add_ps(sc, c.m_j == 1 ? _mm512_maskz_loadu_ps(lanes, m) : _mm512_load_ps(masked));
+        }
+        _mm512_mask_storeu_ps(w.probs.data() + p * stride + j, lanes, sc);
+        top16[p] = _mm512_mask_max_ps(top16[p], lanes, top16[p], sc);
+      }
     }
   }
   for (int64_t p = 0; p < pairs; ++p) {
     float* sp = w.probs.data() + p * stride;
-    const __m512* qv = qvs + p * c.chunks;
-    const int64_t visible = w.visible[p], full = visible / 16 * 16;
-    float top = full > 0 ? _mm512_reduce_max_ps(top16[p]) : NEG_INF;
-    for (int64_t t = full; t < visible; ++t) {
-      const T* kj = keys + t * c.k_row;
-      __m512 acc = _mm512_mul_ps(qv[0], load16(kj));
-      for (int64_t ch = 1; ch < c.chunks; ++ch) acc = _mm512_fmadd_ps(qv[ch], load16(kj + 16 * ch), acc);
-      float s = _mm512_reduce_add_ps(acc) * c.scale;
-      if (c.mask != nullptr) s += mask_row(p)[t * c.m_j];
-      sp[t] = s;
-      top = s > top ? s : top;
-    }
+    const int64_t visible = w.visible[p];
+    float top = _mm512_reduce_max_ps(top16[p]);
     if (top == NEG_INF) top = 0.0f;  // every key hidden: a row of zeros
     const __m512 topv = _mm512_set1_ps(top);
     for (int64_t t = 0; t < visible; t += 16) {  // exp lane by lane: a key's p depends on its score alone
@@ -147,51 +164,6 @@ AVX512 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t s
     std::fill(sp + visible, sp + most, 0.0f);  // keys past its own: p = 0, which adds exactly nothing below
   }
   return most;
-}
-
-// Keys [j0, j1) into GB pairs' running sums and value accumulators (acc: GB rows of acc_stride floats),
-// CH chunks of 16: each pair's chain is the one it runs alone (a masked FMA skips p = 0; adding p = +0
-// to the sum changes nothing), the pairs interleaved so each value row is loaded once for all of them.
-template <typename T, int CH, int GB>
-AVX512 void weigh_block(const float* probs, int64_t stride, const T* v, int64_t v_row, int64_t j0, int64_t j1,
-                        float* acc, int64_t acc_stride, float* sums) {
-  __m512 a[GB][CH];
-  float sum[GB];
-  for (int g = 0; g < GB; ++g) {
-    sum[g] = sums[g];
-    for (int c = 0; c < CH; ++c) a[g][c] = _mm512_loadu_ps(acc + g * acc_stride + 16 * c);
-  }
-  for (int64_t j = j0; j < j1; ++j) {
-    __m512 vv[CH];
-    const T* vj = v + j * v_row;
-    for (int c = 0; c < CH; ++c) vv[c] = load16(vj + 16 * c);
-    for (int g = 0; g < GB; ++g) {
-      const float p = probs[g * stride + j];
-      sum[g] += p;
-      const __mmask16 seen = p != 0.0f ? 0xFFFF : 0;
-      const __m512 pv = _mm512_set1_ps(p);
-      for (int c = 0; c < CH; ++c) a[g][c] = _mm512_mask3_fmadd_ps(pv, vv[c], a[g][c], seen);
-    }
-  }
-  for (int g = 0; g < GB; ++g) {
-    sums[g] = sum[g];
-    for (int c = 0; c < CH; ++c) _mm512_storeu_ps(acc + g * acc_stride + 16 * c, a[g][c]);
-  }
-}
-
-// Any head size (chunks of 16 at run time), one pair: the same chain as weigh_block.
-template <typename T>
-AVX512 void weigh_any(const float* probs, const T* v, int64_t v_row, int64_t j0, int64_t j1, int64_t chunks,
-                      float* acc, float* sum) {
-  for (int64_t j = j0; j < j1; ++j) {
-    const float p = probs[j];
-    *sum += p;
-    if (p == 0.0f) continue;
-    const __m512 pv = _mm512_set1_ps(p);
-    const T* vj = v + j * v_row;
-    for (int64_t c = 0; c < chunks; ++c)
-      _mm512_storeu_ps(acc + 16 * c, _mm512_fmadd_ps(pv, load16(vj + 16 * c), _mm512_loadu_ps(acc + 16 * c)));
-  }
 }
 
 // out = sum_j p_j v_j / sum_j p_j for every pair of the unit, value rows in blocks of KEY_BLOCK.
@@ -211,12 +183,16 @@ AVX512 void unit_weigh(const Call<T>& c, const Unit& u, Scratch& w, int64_t stri
   p += GB;                                                                                                   \
   continue
       if (c.chunks == 4 && left >= 6) { WEIGH(4, 6); }
-      if (c.chunks == 4 && left >= 4) { WEIGH(4, 4); }
-      if (c.chunks == 4 && left >= 2) { WEIGH(4, 2); }
+      if (c.chunks == 4 && left == 5) { WEIGH(4, 5); }
+      if (c.chunks == 4 && left == 4) { WEIGH(4, 4); }
+      if (c.chunks == 4 && left == 3) { WEIGH(4, 3); }
+      if (c.chunks == 4 && left == 2) { WEIGH(4, 2); }
+      if (c.chunks == 4) { WEIGH(4, 1); }
       if (c.chunks == 2 && left >= 8) { WEIGH(2, 8); }
       if (c.chunks == 2 && left >= 4) { WEIGH(2, 4); }
+      if (c.chunks == 2) { WEIGH(2, 1); }
       if (c.chunks == 8 && left >= 3) { WEIGH(8, 3); }
-      if (c.chunks == 8 && left >= 2) { WEIGH(8, 2); }
+      if (c.chunks == 8) { WEIGH(8, 1); }
 #undef WEIGH
       weigh_any<T>(probs, values, c.v_row, j0, j1, c.chunks, w.acc.data() + p * d, w.sums.data() + p);
       ++p;
@@ -244,17 +220,13 @@ void attend_all(const torch::Tensor& q, const torch::Tensor& k, const torch::Ten
   const Split split = split_work(B, kv_heads, n, c.group, at::get_num_threads());
   const int64_t per_group = split.row_blocks * split.head_blocks, stride = L + 16;
   at::parallel_for(0, B * kv_heads * per_group, 1, [&](int64_t begin, int64_t end) {
-    Scratch w(split.rows * split.heads, c.chunks, stride, d);
+    Scratch w(split.rows * split.heads, stride, d);
     for (int64_t item = begin; item < end; ++item) {  // a (b, g)'s units one after another: its keys stay in L2
       const int64_t b = item / (kv_heads * per_group), g = (item / per_group) % kv_heads;
       const int64_t r = (item % per_group) / split.head_blocks, hb = item % split.head_blocks;
       const Unit u{b, g, r * split.rows, std::min(split.rows, n - r * split.rows), hb * split.heads,
                    std::min(split.heads, c.group - hb * split.heads)};
-      const int64_t most = c.chunks == 4   ? unit_probs<T, 4>(c, u, w, stride)
-                           : c.chunks == 2 ? unit_probs<T, 2>(c, u, w, stride)
-                           : c.chunks == 8 ? unit_probs<T, 8>(c, u, w, stride)
-                                           : unit_probs<T, 0>(c, u, w, stride);
-      unit_weigh<T>(c, u, w, stride, most);
+      unit_weigh<T>(c, u, w, stride, unit_probs<T>(c, u, w, stride));
     }
   });
 }

@@ -1,6 +1,7 @@
 // SIMD pieces of attention.cpp (AVX-512): loads and stores of float32 / bfloat16 as 16 float lanes, a
-// lane-wise exp, and 16 keys' dot products with one query summed by a fixed reduction tree. Each
-// result depends on its own inputs only, which is what makes attention.cpp's rows invariant.
+// lane-wise exp, 16 keys' scores with several queries (the keys transposed across lanes), and value rows
+// weighed into several queries' accumulators. Each query's result depends on its own inputs only, in an
+// order fixed by the key index: what makes attention.cpp's rows invariant.
 #pragma once
 #include <torch/extension.h>
 #include <immintrin.h>
@@ -43,46 +44,117 @@ SPECDEC_AVX512 inline __m512 exp16(__m512 x) {
   return _mm512_maskz_mov_ps(static_cast<__mmask16>(~tiny), _mm512_scalef_ps(p, n));
 }
 
-constexpr int MAX_CHUNKS = 16;  // head_dim up to 256
+SPECDEC_AVX512 inline __m512 lo(__m512 x, __m512 y) {  // 64-bit halves interleaved, low ones
+  return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x), _mm512_castps_pd(y)));
+}
+SPECDEC_AVX512 inline __m512 hi(__m512 x, __m512 y) {  // and the high ones
+  return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x), _mm512_castps_pd(y)));
+}
 
-// q . k for 16 keys at once, each key's 16 lanes summed by exactly the additions _mm512_reduce_add_ps
-// makes (upper half + lower half, then quarters, then lanes 0+2 and 1+3, then the last pair), done
-// lane-wise across keys: bitwise the one-key loop's sums, at a fraction of its horizontal work.
-// CH: the head's chunks of 16 known at compile time (2, 4, 8: unrolled, the 16 keys' chains interleaved
-// in registers; the same operations per key), or 0: `chunks` at run time.
-template <typename T, int CH>
-SPECDEC_AVX512 inline __attribute__((always_inline)) __m512 dots16(const __m512* qv, int64_t chunks, const T* k,
-                                                                   int64_t k_row) {
-  __m512 acc[16];
-  if constexpr (CH > 0) {
-#pragma GCC unroll 16
-    for (int key = 0; key < 16; ++key) acc[key] = _mm512_mul_ps(qv[0], load16(k + key * k_row));
+// 16 rows of 16 floats transposed in registers: r[e] lane i <- r[i] lane e (unpacks within 128-bit
+// lanes, then 128-bit lanes across rows).
+SPECDEC_AVX512 inline __attribute__((always_inline)) void transpose16(__m512* r) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {  // per 128-bit lane: a0 b0 a1 b1 and a2 b2 a3 b3
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // r[4i + e], 128-bit lane L: column 4L + e of rows 4i..4i+3
+    r[4 * i] = lo(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = hi(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = lo(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = hi(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int e = 0; e < 4; ++e) {
+    t[e] = _mm512_shuffle_f32x4(r[e], r[4 + e], 0x88);
+    t[4 + e] = _mm512_shuffle_f32x4(r[e], r[4 + e], 0xdd);
+    t[8 + e] = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0x88);
+    t[12 + e] = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0xdd);
+  }
+  for (int e = 0; e < 4; ++e) {
+    r[e] = _mm512_shuffle_f32x4(t[e], t[8 + e], 0x88);
+    r[8 + e] = _mm512_shuffle_f32x4(t[e], t[8 + e], 0xdd);
+    r[4 + e] = _mm512_shuffle_f32x4(t[4 + e], t[12 + e], 0x88);
+    r[12 + e] = _mm512_shuffle_f32x4(t[4 + e], t[12 + e], 0xdd);
+  }
+}
+
+// A block of keys across lanes: kt[dd] lane e = k[e][dd] for keys e < count (count <= 16; lanes past it 0).
+template <typename T>
+SPECDEC_AVX512 void keys_across_lanes(const T* k, int64_t k_row, int64_t count, int64_t chunks, __m512* kt) {
+  for (int64_t c = 0; c < chunks; ++c) {
+    __m512 r[16];
+    for (int e = 0; e < 16; ++e) r[e] = e < count ? load16(k + e * k_row + 16 * c) : _mm512_setzero_ps();
+    transpose16(r);
+    for (int e = 0; e < 16; ++e) kt[16 * c + e] = r[e];
+  }
+}
+
+// Scores of 16 keys (kt: keys across lanes, d vectors) for G queries (q: float32, q_stride apart): four
+// chains from zero over the dims (dd mod 4), then (c0 + c1) + (c2 + c3). A key's score depends on its
+// values and the query's alone, not on the block, the lane, or the other queries: row invariance.
+template <int G>
+SPECDEC_AVX512 inline __attribute__((always_inline)) void scores16(const float* q, int64_t q_stride, const __m512* kt,
+                                                                   int64_t d, __m512* s) {
+  __m512 a[G][4];
 #pragma GCC unroll 8
-    for (int c = 1; c < CH; ++c) {
-#pragma GCC unroll 16
-      for (int key = 0; key < 16; ++key) acc[key] = _mm512_fmadd_ps(qv[c], load16(k + key * k_row + 16 * c), acc[key]);
-    }
-  } else {
-    for (int key = 0; key < 16; ++key) {
-      const T* kj = k + key * k_row;
-      acc[key] = _mm512_mul_ps(qv[0], load16(kj));
-      for (int64_t c = 1; c < chunks; ++c) acc[key] = _mm512_fmadd_ps(qv[c], load16(kj + 16 * c), acc[key]);
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < 4; ++c) a[g][c] = _mm512_setzero_ps();
+  for (int64_t dd = 0; dd < d; dd += 4) {
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const __m512 kc = kt[dd + c];
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g) a[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * q_stride + dd + c]), kc, a[g][c]);
     }
   }
-  __m512 half[8], quarter[4], eighth[2];
-  for (int p = 0; p < 8; ++p)  // keys 2p, 2p+1: 8 lanes each, lane i = x[i] + x[i + 8]
-    half[p] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * p], acc[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)),
-                            _mm512_shuffle_f32x4(acc[2 * p], acc[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)));
-  for (int p = 0; p < 4; ++p)  // keys 4p..4p+3, one per 128-bit lane: lane i = h[i] + h[i + 4]
-    quarter[p] = _mm512_add_ps(_mm512_shuffle_f32x4(half[2 * p], half[2 * p + 1], _MM_SHUFFLE(3, 1, 3, 1)),
-                               _mm512_shuffle_f32x4(half[2 * p], half[2 * p + 1], _MM_SHUFFLE(2, 0, 2, 0)));
-  for (int p = 0; p < 2; ++p)  // per 128-bit lane: [r0+r2, r1+r3] of two keys
-    eighth[p] = _mm512_add_ps(_mm512_shuffle_ps(quarter[2 * p], quarter[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                              _mm512_shuffle_ps(quarter[2 * p], quarter[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(eighth[0], eighth[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                    _mm512_shuffle_ps(eighth[0], eighth[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  // lane 4j + e holds key 4e + j: back to key order
-  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), sums);
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g) s[g] = _mm512_add_ps(_mm512_add_ps(a[g][0], a[g][1]), _mm512_add_ps(a[g][2], a[g][3]));
+}
+
+// Keys [j0, j1) into GB pairs' running sums and value accumulators (acc: GB rows of acc_stride floats),
+// CH chunks of 16: each pair's chain is the one it runs alone (a masked FMA skips p = 0; adding p = +0
+// to the sum changes nothing), the pairs interleaved so each value row is loaded once for all of them.
+template <typename T, int CH, int GB>
+SPECDEC_AVX512 void weigh_block(const float* probs, int64_t stride, const T* v, int64_t v_row, int64_t j0, int64_t j1,
+                        float* acc, int64_t acc_stride, float* sums) {
+  __m512 a[GB][CH];
+  float sum[GB];
+  for (int g = 0; g < GB; ++g) {
+    sum[g] = sums[g];
+    for (int c = 0; c < CH; ++c) a[g][c] = _mm512_loadu_ps(acc + g * acc_stride + 16 * c);
+  }
+  for (int64_t j = j0; j < j1; ++j) {
+    __m512 vv[CH];
+    const T* vj = v + j * v_row;
+    for (int c = 0; c < CH; ++c) vv[c] = load16(vj + 16 * c);
+    for (int g = 0; g < GB; ++g) {
+      const float p = probs[g * stride + j];
+      sum[g] += p;
+      const __mmask16 seen = p != 0.0f ? 0xFFFF : 0;
+      const __m512 pv = _mm512_set1_ps(p);
+      for (int c = 0; c < CH; ++c) a[g][c] = _mm512_mask3_fmadd_ps(pv, vv[c], a[g][c], seen);
+    }
+  }
+  for (int g = 0; g < GB; ++g) {
+    sums[g] = sum[g];
+    for (int c = 0; c < CH; ++c) _mm512_storeu_ps(acc + g * acc_stride + 16 * c, a[g][c]);
+  }
+}
+
+// Any head size (chunks of 16 at run time), one pair: the same chain as weigh_block.
+template <typename T>
+SPECDEC_AVX512 void weigh_any(const float* probs, const T* v, int64_t v_row, int64_t j0, int64_t j1, int64_t chunks,
+                      float* acc, float* sum) {
+  for (int64_t j = j0; j < j1; ++j) {
+    const float p = probs[j];
+    *sum += p;
+    if (p == 0.0f) continue;
+    const __m512 pv = _mm512_set1_ps(p);
+    const T* vj = v + j * v_row;
+    for (int64_t c = 0; c < chunks; ++c)
+      _mm512_storeu_ps(acc + 16 * c, _mm512_fmadd_ps(pv, load16(vj + 16 * c), _mm512_loadu_ps(acc + 16 * c)));
+  }
 }
 
 }  // namespace specdec_attention
