@@ -13,8 +13,10 @@ kernels in the lean C++ walk, specdec.kernels.lean, where the model allows it).
 
 The floor is the bytes every forward must read (each linear weight and the LM head once, in the
 dtype) over the memory-stream rate measured here (a large tensor summed on torch's threads; measured
-before every case, the fastest kept, as a neighbour's load on a shared machine only slows it). Writes
-forward_cost.json, forward_cost.md and forward_cost.png under --out.
+before every case, the fastest kept, as a neighbour's load on a shared machine only slows it). A
+second floor adds the KV cache a one-row forward reads too (every layer's keys and values of the
+cached tokens and the new one, per sequence): at 1,024 cached tokens that is no longer small. Writes
+forward_cost.json, forward_cost.md and forward_cost.png under --out; the torch thread count is in all.
 """
 from __future__ import annotations
 
@@ -62,6 +64,14 @@ def weight_bytes(runner: ModelRunner) -> int:
     return total
 
 
+def kv_bytes_per_token(runner: ModelRunner) -> int:
+    """Bytes of keys and values one cached token holds across all layers (what attention reads per token)."""
+    config = runner.model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    element = torch.finfo(runner.dtype).bits // 8
+    return config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim * element
+
+
 def causal_bias(batch: int, rows: int, cached: int, dtype: torch.dtype) -> torch.Tensor:
     """[batch, 1, rows, cached + rows]: every past entry visible, the new rows causal among themselves."""
     bias = torch.zeros(rows, cached + rows, dtype=dtype)
@@ -101,9 +111,8 @@ def runner_config(kernel: str) -> RunnerConfig:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    torch.set_num_threads(args.threads or torch.get_num_threads())
     rate = stream_rate_gbs()  # re-measured before every case; the fastest seen is the floor's rate
-    results, floors = [], {}
+    results, floors, kv_bytes = [], {}, {}
     cases = [(c, b) for c in args.contexts for b in args.batches]
     bar = tqdm(total=len(args.dtypes) * len(cases) * len(args.rows), desc="forwards", file=sys.stderr)
     for dtype_name in args.dtypes:
@@ -115,6 +124,7 @@ def measure(args: argparse.Namespace) -> dict:
             rate = max(rate, stream_rate_gbs())
             for kernel, runner in runners.items():
                 floors[dtype_name] = weight_bytes(runner)  # bytes here; ms at the end, at the fastest rate
+                kv_bytes[dtype_name] = kv_bytes_per_token(runner)
                 caches[kernel] = filled_cache(runner, batch, context)
             for rows in args.rows:
                 times = {k: [] for k in runners}
@@ -129,22 +139,29 @@ def measure(args: argparse.Namespace) -> dict:
                 bar.update()
         del runners, caches
     bar.close()
-    return {"machine": machine_info(), "versions": versions(Path(".")), "stream_rate_gbs": round(rate, 1),
-            "floor_ms": {k: round(v / rate / 1e6, 2) for k, v in floors.items()}, "repeats": args.repeats,
-            "results": results}
+    return {"machine": machine_info(), "versions": versions(Path(".")), "threads": torch.get_num_threads(),
+            "stream_rate_gbs": round(rate, 1), "floor_ms": {k: round(v / rate / 1e6, 2) for k, v in floors.items()},
+            "kv_bytes_per_token": kv_bytes, "kv_ms_per_token": {k: v / rate / 1e6 for k, v in kv_bytes.items()},
+            "repeats": args.repeats, "results": results}
+
+
+def floor_with_kv_ms(report: dict, dtype: str, context: int, batch: int) -> float:
+    """The weights' floor plus the KV cache a one-row forward reads (context + 1 tokens per sequence)."""
+    return report["floor_ms"][dtype] + report["kv_ms_per_token"][dtype] * (context + 1) * batch
 
 
 def render_markdown(report: dict) -> str:
     m = report["machine"]
     rows = sorted({r["rows"] for r in report["results"]})
     lines = [f"CPU: {m['cpu']}; flags: {', '.join(m['cpu_flags'])}; {m['num_cpus']} CPUs, "
-             f"{m['torch_num_threads']} torch threads; load average {m.get('load_average_1m')} at the start. "
+             f"{report['threads']} torch threads; load average {m.get('load_average_1m')} at the start. "
              f"Memory stream {report['stream_rate_gbs']} GB/s; floors: "
              + ", ".join(f"{d} {v} ms" for d, v in report["floor_ms"].items())
-             + f". Fastest of {report['repeats']} (ms per forward incl. the LM head over every row).", "",
+             + f" (weights only). Fastest of {report['repeats']} (ms per forward incl. the LM head over every row); "
+             "floor incl. K/V: the weights plus the keys and values a one-row forward reads.", "",
              "| dtype | kernel | cached | batch | " + " | ".join(f"{r} rows" for r in rows)
-             + " | 1 row / floor | 8 / 1 row | 16 / 1 row |",
-             "|---|---|---|---|" + "---|" * (len(rows) + 3)]
+             + " | 1 row / floor | floor incl. K/V (ms) | 1 row / floor incl. K/V | 8 / 1 row | 16 / 1 row |",
+             "|---|---|---|---|" + "---|" * (len(rows) + 5)]
     groups: dict = {}
     for r in report["results"]:
         groups.setdefault((r["dtype"], r["asked"], r["context"], r["batch"]), {})[r["rows"]] = r["best_ms"]
@@ -153,8 +170,10 @@ def render_markdown(report: dict) -> str:
         ratio = lambda n: f"{ms[n] / one:.2f}" if one and n in ms else "-"  # noqa: E731
         floor = report["floor_ms"][dtype]
         to_floor = f"{one / floor:.2f}" if one else "-"
+        with_kv = floor_with_kv_ms(report, dtype, context, batch)
+        to_kv = f"{one / with_kv:.2f}" if one else "-"
         lines.append(f"| {dtype} | {kernel} | {context} | {batch} | " + " | ".join(f"{ms.get(n, '-')}" for n in rows)
-                     + f" | {to_floor} | {ratio(8)} | {ratio(16)} |")
+                     + f" | {to_floor} | {with_kv:.2f} | {to_kv} | {ratio(8)} | {ratio(16)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -178,7 +197,8 @@ def render_png(report: dict, path: Path) -> None:
         ax.set_xticks(sorted({r['rows'] for r in report['results']}), labels=None)
         ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
     axes[0][0].legend(fontsize=7)
-    fig.suptitle(f"{report['machine']['cpu']} ({', '.join(report['machine']['cpu_flags'])})", fontsize=9)
+    fig.suptitle(f"{report['machine']['cpu']} ({', '.join(report['machine']['cpu_flags'])}), "
+                 f"{report['threads']} torch threads", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -199,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.rows, args.contexts, args.batches, args.repeats = [1, 8, 16], [256], [1], 3
+    if args.threads < 0:
+        p.error("--threads must be 0 (torch's default) or more")
+    torch.set_num_threads(args.threads or torch.get_num_threads())
     info = machine_info()
     print(f"CPU: {info['cpu']}; flags: {', '.join(info['cpu_flags'])}; torch threads {torch.get_num_threads()}",
           file=sys.stderr)

@@ -1,205 +1,209 @@
 // Row-invariant attention for small query counts (decode and verify steps), AVX-512.
 //
-// Every (batch, head, query row) is computed alone, in a fixed order that does not depend on how many
-// other rows share the call: scores key by key (16-lane dot products, one fixed horizontal sum), the
-// max, exp (a lane-wise polynomial) summed in 16-key chunks from key 0, then the value rows weighted
-// in key order. Keys a mask hides get probability exactly 0 and add nothing, so a row that sees the
-// first m keys of a longer cache gets bitwise what it gets when the cache holds exactly m keys: a
+// Every (batch, head, query row) gets its result in a fixed order that does not depend on how many
+// other rows share the call: each key's score by one fixed sum over the head's dims (four chains, dims
+// mod 4, combined in one order), the max, exp (a lane-wise polynomial), then the keys' probabilities
+// summed and the value rows weighted in key order from key 0. Keys a mask hides get probability exactly 0 and add nothing, so a row that sees
+// the first m keys of a longer cache gets bitwise what it gets when the cache holds exactly m keys: a
 // verify forward's rows equal one-token decode steps, which is what greedy equality needs. (torch's
 // CPU flash attention blocks queries and keys by the call's shape, so its rows are not invariant.)
+//
+// Tiled for many rows: a work unit is a block of (query row, head) pairs of one kv group (the GQA heads
+// sharing its keys x a block of rows). A block of 16 keys is read once, transposed (keys across lanes,
+// so a score needs no horizontal sum) and scored for every pair of the unit; then a block of KEY_BLOCK
+// value rows is weighed into every pair's accumulators (kept in memory between blocks, each pair's
+// chain still in key order). The keys and values stream once per unit instead of once per row, the
+// transpose is shared by the unit's pairs, and each pair's arithmetic is exactly what it is alone.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-#include <immintrin.h>
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <vector>
 
+#include "attention_simd.h"
+
 namespace {
 
-#define AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma")))
+using namespace specdec_attention;
+#define AVX512 SPECDEC_AVX512
 
-template <typename T> AVX512 inline __m512 load16(const T* p);
-template <> AVX512 inline __m512 load16<float>(const float* p) { return _mm512_loadu_ps(p); }
-template <> AVX512 inline __m512 load16<at::BFloat16>(const at::BFloat16* p) {
-  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
+constexpr int64_t MOST_PAIRS = 24;  // (query row, head) pairs per unit: each key block is applied to all
+constexpr int64_t KEY_BLOCK = 64;   // value rows weighed into every pair's accumulators while in L1
+constexpr int64_t TRANSPOSE_PAIRS = 4;  // transposing a block of keys costs about what scoring 4 pairs does
+constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
-template <typename T> AVX512 inline void store16(T* p, __m512 v);
-template <> AVX512 inline void store16<float>(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-template <> AVX512 inline void store16<at::BFloat16>(at::BFloat16* p, __m512 v) {  // round to nearest even
-  const __m512i bits = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
-}
-
-// e^x lane by lane (Cephes-style polynomial, ~1 ulp); exactly 0 below -87 (hidden keys, far tails).
-AVX512 inline __m512 exp16(__m512 x) {
-  const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~tiny), _mm512_scalef_ps(p, n));
-}
-
-constexpr int MAX_CHUNKS = 16;  // head_dim up to 256
-
-// q . k for 16 keys at once, each key's 16 lanes summed by exactly the additions _mm512_reduce_add_ps
-// makes (upper half + lower half, then quarters, then lanes 0+2 and 1+3, then the last pair), done
-// lane-wise across keys: bitwise the one-key loop's sums, at a fraction of its horizontal work.
+// The call's tensors as pointers and element strides (q [B, H, n, d], k / v [B, kv_heads, L, d],
+// mask [B|1, 1, n, L] or null, out [B, n, H, d]).
 template <typename T>
-AVX512 inline __m512 dots16(const __m512* qv, int64_t chunks, const T* k, int64_t k_row) {
-  __m512 acc[16];
-  for (int key = 0; key < 16; ++key) {
-    const T* kj = k + key * k_row;
-    acc[key] = _mm512_mul_ps(qv[0], load16(kj));
-    for (int64_t c = 1; c < chunks; ++c) acc[key] = _mm512_fmadd_ps(qv[c], load16(kj + 16 * c), acc[key]);
+struct Call {
+  const T *q, *k, *v;
+  T* out;
+  const float* mask;
+  int64_t q_b, q_h, q_i, k_b, k_g, k_row, v_b, v_g, v_row, m_b, m_i, m_j;
+  int64_t H, n, d, L, group, chunks;
+  float scale;
+  int64_t visible(int64_t i) const { return mask != nullptr ? L : L - n + i + 1; }  // no mask: causal
+};
+
+// Query rows [row0, row0 + rows) x heads [head0, head0 + heads) of kv group g (head indices within the
+// group) of sequence b; pair p is (row0 + p / heads, head0 + p % heads).
+struct Unit {
+  int64_t b, g, row0, rows, head0, heads;
+};
+
+// Rows and heads per unit, by a cost model: a unit pays for transposing the keys once (about as much as
+// scoring 4 pairs) plus its pairs; the threads take equal counts of units, so the split that minimizes
+// one thread's share wins (more pairs per unit on ties: fewer passes over the keys and values).
+struct Split {
+  int64_t rows, heads, row_blocks, head_blocks;
+};
+
+Split split_work(int64_t B, int64_t kv_heads, int64_t n, int64_t group, int64_t threads) {
+  const auto blocks = [](int64_t total, int64_t each) { return (total + each - 1) / each; };
+  Split best{1, 1, n, group};
+  int64_t best_cost = -1;
+  for (int64_t heads = group;; heads = blocks(heads, 2)) {
+    for (int64_t rows = std::min<int64_t>(n, std::max<int64_t>(1, MOST_PAIRS / heads)); rows >= 1; --rows) {
+      const int64_t even_rows = blocks(n, blocks(n, rows)), even_heads = blocks(group, blocks(group, heads));
+      const int64_t units = B * kv_heads * blocks(n, even_rows) * blocks(group, even_heads);
+      const int64_t cost = blocks(units, threads) * (TRANSPOSE_PAIRS + even_rows * even_heads);
+      if (best_cost < 0 || cost < best_cost) {
+        best_cost = cost;
+        best = {even_rows, even_heads, blocks(n, even_rows), blocks(group, even_heads)};
+      }
+    }
+    if (heads == 1) break;
   }
-  __m512 half[8], quarter[4], eighth[2];
-  for (int p = 0; p < 8; ++p)  // keys 2p, 2p+1: 8 lanes each, lane i = x[i] + x[i + 8]
-    half[p] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * p], acc[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)),
-                            _mm512_shuffle_f32x4(acc[2 * p], acc[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)));
-  for (int p = 0; p < 4; ++p)  // keys 4p..4p+3, one per 128-bit lane: lane i = h[i] + h[i + 4]
-    quarter[p] = _mm512_add_ps(_mm512_shuffle_f32x4(half[2 * p], half[2 * p + 1], _MM_SHUFFLE(3, 1, 3, 1)),
-                               _mm512_shuffle_f32x4(half[2 * p], half[2 * p + 1], _MM_SHUFFLE(2, 0, 2, 0)));
-  for (int p = 0; p < 2; ++p)  // per 128-bit lane: [r0+r2, r1+r3] of two keys
-    eighth[p] = _mm512_add_ps(_mm512_shuffle_ps(quarter[2 * p], quarter[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                              _mm512_shuffle_ps(quarter[2 * p], quarter[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(eighth[0], eighth[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                    _mm512_shuffle_ps(eighth[0], eighth[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  // lane 4j + e holds key 4e + j: back to key order
-  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), sums);
+  return best;
 }
 
-constexpr int MAX_HEADS = 8;  // heads scored together per pass over the keys
-
-// One query row of `count` heads sharing keys (a GQA group) against keys [0, visible):
-// scores[h * stride + j] = exp(q_h . k_j * scale + mask_j - max_h), unnormalized. Key blocks are the outer
-// loop so a block of 16 keys is read from L2 once and scored, from L1, for every head of the group.
-template <typename T>
-AVX512 void group_probs(const T* q, int64_t q_head, int64_t count, const T* k, int64_t k_row, const float* mask,
-                        int64_t mask_col, int64_t visible, int64_t chunks, float scale, float* scores, int64_t stride) {
-  __m512 qv[MAX_HEADS][MAX_CHUNKS];
-  float top[MAX_HEADS];
-  __m512 top16[MAX_HEADS];
-  for (int64_t h = 0; h < count; ++h) {
-    for (int64_t c = 0; c < chunks; ++c) qv[h][c] = load16(q + h * q_head + 16 * c);
-    top[h] = -std::numeric_limits<float>::infinity();
-    top16[h] = _mm512_set1_ps(top[h]);
+// Floats on a 64-byte boundary (std::vector<__m512> does not promise it here), viewed as vectors.
+class Vectors {
+ public:
+  explicit Vectors(int64_t count) : raw_(16 * count + 16) {}
+  __m512* data() {
+    const auto at = reinterpret_cast<uintptr_t>(raw_.data());
+    return reinterpret_cast<__m512*>((at + 63) & ~uintptr_t{63});
   }
-  int64_t j = 0;
-  const __m512 scale16 = _mm512_set1_ps(scale);
+
+ private:
+  std::vector<float> raw_;
+};
+
+// One thread's working memory, reused unit after unit.
+struct Scratch {
+  Vectors kt, top16;  // [d] a block of 16 keys across lanes; [pairs] running maxima
+  std::vector<float> qf, probs, acc, sums;  // [pairs, d] queries; [pairs, stride] scores, then probabilities;
+                                            // [pairs, d] value accumulators; [pairs] their sums
+  std::vector<int64_t> visible;  // [pairs] keys each pair sees
+  Scratch(int64_t pairs, int64_t stride, int64_t d)
+      : kt(d), top16(pairs), qf(pairs * d), probs(pairs * stride), acc(pairs * d), sums(pairs), visible(pairs) {}
+};
+
+// Every pair's unnormalized probabilities exp(q . k_j * scale + mask_j - max) into w.probs, zero from its
+// own visible count up to the unit's largest, which is returned.
+template <typename T>
+AVX512 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t stride) {
+  const int64_t pairs = u.rows * u.heads, d = c.d;
+  const T* keys = c.k + u.b * c.k_b + u.g * c.k_g;
+  __m512* const top16 = w.top16.data();
+  __m512* const kt = w.kt.data();
+  int64_t most = 0;
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int64_t i = u.row0 + p / u.heads, h = u.g * c.group + u.head0 + p % u.heads;
+    const T* qp = c.q + u.b * c.q_b + h * c.q_h + i * c.q_i;
+    for (int64_t ch = 0; ch < c.chunks; ++ch) _mm512_storeu_ps(w.qf.data() + p * d + 16 * ch, load16(qp + 16 * ch));
+    w.visible[p] = c.visible(i);
+    top16[p] = _mm512_set1_ps(NEG_INF);
+    most = std::max(most, w.visible[p]);
+  }
+  const __m512 scale16 = _mm512_set1_ps(c.scale);
   alignas(64) float masked[16];
-  for (; j + 16 <= visible; j += 16) {
-    if (mask != nullptr)
-      for (int e = 0; e < 16; ++e) masked[e] = mask[(j + e) * mask_col];
-    for (int64_t h = 0; h < count; ++h) {
-      __m512 s = _mm512_mul_ps(dots16(qv[h], chunks, k + j * k_row, k_row), scale16);
-      if (mask != nullptr) s = _mm512_add_ps(s, _mm512_load_ps(masked));
-      _mm512_storeu_ps(scores + h * stride + j, s);
-      top16[h] = _mm512_max_ps(top16[h], s);
+  __m512 s[6];
+  for (int64_t j = 0; j < most; j += 16) {  // 16 keys read and transposed once, scored for every pair
+    keys_across_lanes<T>(keys + j * c.k_row, c.k_row, std::min<int64_t>(16, most - j), c.chunks, kt);
+    for (int64_t p = 0; p < pairs;) {
+      const int64_t count = std::min<int64_t>(6, pairs - p);
+      const float* q = w.qf.data() + p * d;
+      switch (count) {
+        case 1: scores16<1>(q, d, kt, d, s); break;
+        case 2: scores16<2>(q, d, kt, d, s); break;
+        case 3: scores16<3>(q, d, kt, d, s); break;
+        case 4: scores16<4>(q, d, kt, d, s); break;
+        case 5: scores16<5>(q, d, kt, d, s); break;
+        default: scores16<6>(q, d, kt, d, s); break;
+      }
+      for (int64_t g = 0; g < count; ++g, ++p) {
+        const int64_t seen = std::min<int64_t>(16, w.visible[p] - j);
+        if (seen <= 0) continue;
+        const __mmask16 lanes = seen == 16 ? 0xFFFF : static_cast<__mmask16>((1u << seen) - 1);
+        __m512 sc = _mm512_mul_ps(s[g], scale16);
+        if (c.mask != nullptr) {
+          const float* m = c.mask + u.b * c.m_b + (u.row0 + p / u.heads) * c.m_i + j * c.m_j;
+          if (c.m_j != 1)
+            for (int64_t e = 0; e < seen; ++e) masked[e] = m[e * c.m_j];
+          sc = _mm512_add_ps(sc, c.m_j == 1 ? _mm512_maskz_loadu_ps(lanes, m) : _mm512_load_ps(masked));
+        }
+        _mm512_mask_storeu_ps(w.probs.data() + p * stride + j, lanes, sc);
+        top16[p] = _mm512_mask_max_ps(top16[p], lanes, top16[p], sc);
+      }
     }
   }
-  for (int64_t h = 0; h < count; ++h) {
-    float* sh = scores + h * stride;
-    if (j > 0) top[h] = _mm512_reduce_max_ps(top16[h]);
-    for (int64_t t = j; t < visible; ++t) {
-      const T* kj = k + t * k_row;
-      __m512 acc = _mm512_mul_ps(qv[h][0], load16(kj));
-      for (int64_t c = 1; c < chunks; ++c) acc = _mm512_fmadd_ps(qv[h][c], load16(kj + 16 * c), acc);
-      float s = _mm512_reduce_add_ps(acc) * scale;
-      if (mask != nullptr) s += mask[t * mask_col];
-      sh[t] = s;
-      top[h] = s > top[h] ? s : top[h];
-    }
-    if (top[h] == -std::numeric_limits<float>::infinity()) top[h] = 0.0f;  // every key hidden: a row of zeros
-    const __m512 topv = _mm512_set1_ps(top[h]);
+  for (int64_t p = 0; p < pairs; ++p) {
+    float* sp = w.probs.data() + p * stride;
+    const int64_t visible = w.visible[p];
+    float top = _mm512_reduce_max_ps(top16[p]);
+    if (top == NEG_INF) top = 0.0f;  // every key hidden: a row of zeros
+    const __m512 topv = _mm512_set1_ps(top);
     for (int64_t t = 0; t < visible; t += 16) {  // exp lane by lane: a key's p depends on its score alone
       const __mmask16 lanes = visible - t >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (visible - t)) - 1);
-      const __m512 sc = _mm512_mask_loadu_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), lanes, sh + t);
-      _mm512_mask_storeu_ps(sh + t, lanes, exp16(_mm512_sub_ps(sc, topv)));
+      const __m512 sc = _mm512_mask_loadu_ps(_mm512_set1_ps(NEG_INF), lanes, sp + t);
+      _mm512_mask_storeu_ps(sp + t, lanes, exp16(_mm512_sub_ps(sc, topv)));
     }
+    std::fill(sp + visible, sp + most, 0.0f);  // keys past its own: p = 0, which adds exactly nothing below
   }
+  return most;
 }
 
-// The sum and the weighted values run over the seen keys in key order, hidden ones skipped (they add
-// exactly 0): a row that sees keys with hidden ones between them (a tree's siblings) gets the bits it
-// gets over those keys alone, contiguous (the accepted path in plain decoding's cache).
-// out[d] = sum_j p_j v_j / sum_j p_j for GB heads sharing v (a GQA group), CH chunks of 16: each head's
-// accumulators run the same chain as alone (a masked FMA skips p = 0; adding p = +0 to the sum changes
-// nothing), interleaved so the heads' chains overlap and each value row is loaded once for all of them.
-template <typename T, int CH, int GB>
-AVX512 void weigh_values(const float* probs, int64_t probs_stride, const T* v, int64_t v_row, int64_t visible,
-                         T* out, int64_t out_stride) {
-  __m512 acc[GB][CH];
-  float sum[GB];
-  for (int g = 0; g < GB; ++g) {
-    sum[g] = 0.0f;
-    for (int c = 0; c < CH; ++c) acc[g][c] = _mm512_setzero_ps();
-  }
-  for (int64_t j = 0; j < visible; ++j) {
-    __m512 vv[CH];
-    const T* vj = v + j * v_row;
-    for (int c = 0; c < CH; ++c) vv[c] = load16(vj + 16 * c);
-    for (int g = 0; g < GB; ++g) {
-      const float p = probs[g * probs_stride + j];
-      sum[g] += p;
-      const __mmask16 seen = p != 0.0f ? 0xFFFF : 0;
-      const __m512 pv = _mm512_set1_ps(p);
-      for (int c = 0; c < CH; ++c) acc[g][c] = _mm512_mask3_fmadd_ps(pv, vv[c], acc[g][c], seen);
-    }
-  }
-  for (int g = 0; g < GB; ++g) {
-    const __m512 norm = _mm512_set1_ps(sum[g] > 0.0f ? sum[g] : 1.0f);
-    for (int c = 0; c < CH; ++c) store16(out + g * out_stride + 16 * c, _mm512_div_ps(acc[g][c], norm));
-  }
-}
-
-// Any head size (chunks of 16 at run time), one head: the same chain as weigh_values.
+// out = sum_j p_j v_j / sum_j p_j for every pair of the unit, value rows in blocks of KEY_BLOCK.
 template <typename T>
-AVX512 void weigh_one(const float* scores, const T* v, int64_t v_row, int64_t visible, int64_t chunks, T* out) {
-  float sum = 0.0f;
-  __m512 acc[MAX_CHUNKS];
-  for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < visible; ++j) {
-    const float p = scores[j];
-    if (p == 0.0f) continue;
-    sum += p;
-    const __m512 pv = _mm512_set1_ps(p);
-    const T* vj = v + j * v_row;
-    for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm512_fmadd_ps(pv, load16(vj + 16 * c), acc[c]);
-  }
-  const __m512 norm = _mm512_set1_ps(sum > 0.0f ? sum : 1.0f);
-  for (int64_t c = 0; c < chunks; ++c) store16(out + 16 * c, _mm512_div_ps(acc[c], norm));
-}
-
-// Heads [h, h + count) of one kv group, one query row: blocks of heads through weigh_values where the
-// head size has an instantiation (d 32, 64, 128), else one by one.
-template <typename T>
-void weigh_heads(const float* probs, int64_t probs_stride, const T* v, int64_t v_row, int64_t visible,
-                 int64_t chunks, int64_t count, T* out, int64_t d) {
-  for (int64_t done = 0; done < count;) {
-    const int64_t left = count - done;
-    const float* p = probs + done * probs_stride;
-    T* o = out + done * d;
-#define WEIGH(CH, GB) weigh_values<T, CH, GB>(p, probs_stride, v, v_row, visible, o, d); done += GB; continue
-    if (chunks == 4 && left >= 4) { WEIGH(4, 4); }
-    if (chunks == 4 && left == 3) { WEIGH(4, 3); }
-    if (chunks == 4 && left == 2) { WEIGH(4, 2); }
-    if (chunks == 2 && left >= 4) { WEIGH(2, 4); }
-    if (chunks == 8 && left >= 2) { WEIGH(8, 2); }
+AVX512 void unit_weigh(const Call<T>& c, const Unit& u, Scratch& w, int64_t stride, int64_t most) {
+  const int64_t pairs = u.rows * u.heads, d = c.d;
+  std::fill(w.acc.begin(), w.acc.begin() + pairs * d, 0.0f);
+  std::fill(w.sums.begin(), w.sums.begin() + pairs, 0.0f);
+  const T* values = c.v + u.b * c.v_b + u.g * c.v_g;
+  for (int64_t j0 = 0; j0 < most; j0 += KEY_BLOCK) {
+    const int64_t j1 = std::min(j0 + KEY_BLOCK, most);
+    for (int64_t p = 0; p < pairs;) {
+      const int64_t left = pairs - p;
+      const float* probs = w.probs.data() + p * stride;
+#define WEIGH(CH, GB) \
+  weigh_block<T, CH, GB>(probs, stride, values, c.v_row, j0, j1, w.acc.data() + p * d, d, w.sums.data() + p); \
+  p += GB;                                                                                                   \
+  continue
+      if (c.chunks == 4 && left >= 6) { WEIGH(4, 6); }
+      if (c.chunks == 4 && left == 5) { WEIGH(4, 5); }
+      if (c.chunks == 4 && left == 4) { WEIGH(4, 4); }
+      if (c.chunks == 4 && left == 3) { WEIGH(4, 3); }
+      if (c.chunks == 4 && left == 2) { WEIGH(4, 2); }
+      if (c.chunks == 4) { WEIGH(4, 1); }
+      if (c.chunks == 2 && left >= 8) { WEIGH(2, 8); }
+      if (c.chunks == 2 && left >= 4) { WEIGH(2, 4); }
+      if (c.chunks == 2) { WEIGH(2, 1); }
+      if (c.chunks == 8 && left >= 3) { WEIGH(8, 3); }
+      if (c.chunks == 8) { WEIGH(8, 1); }
 #undef WEIGH
-    weigh_one<T>(p, v, v_row, visible, chunks, o);
-    ++done;
+      weigh_any<T>(probs, values, c.v_row, j0, j1, c.chunks, w.acc.data() + p * d, w.sums.data() + p);
+      ++p;
+    }
+  }
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int64_t i = u.row0 + p / u.heads, h = u.g * c.group + u.head0 + p % u.heads;
+    T* o = c.out + ((u.b * c.n + i) * c.H + h) * d;
+    const __m512 norm = _mm512_set1_ps(w.sums[p] > 0.0f ? w.sums[p] : 1.0f);
+    for (int64_t ch = 0; ch < c.chunks; ++ch)
+      store16(o + 16 * ch, _mm512_div_ps(_mm512_loadu_ps(w.acc.data() + p * d + 16 * ch), norm));
   }
 }
 
@@ -207,28 +211,22 @@ template <typename T>
 void attend_all(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& mask,
                 torch::Tensor& out, double scale) {
   const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3), kv_heads = k.size(1), L = k.size(2);
-  const int64_t group = H / kv_heads, chunks = d / 16;
-  const T* qd = q.data_ptr<T>();
-  const T* kd = k.data_ptr<T>();
-  const T* vd = v.data_ptr<T>();
-  T* od = out.data_ptr<T>();
   const bool masked = mask.defined();
-  const float* md = masked ? mask.data_ptr<float>() : nullptr;
-  at::parallel_for(0, B * kv_heads * n, 1, [&](int64_t begin, int64_t end) {
-    const int64_t stride = L + 16;
-    std::vector<float> scores(group * stride);
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / (kv_heads * n), g = (item / n) % kv_heads, i = item % n;
-      const float* mrow = masked ? md + b * mask.stride(0) + i * mask.stride(2) : nullptr;
-      const int64_t visible = masked ? L : L - n + i + 1;  // no mask: causal, the last n keys are the rows
-      const T* keys = kd + b * k.stride(0) + g * k.stride(1);
-      for (int64_t h = g * group; h < (g + 1) * group; h += MAX_HEADS)
-        group_probs<T>(qd + b * q.stride(0) + h * q.stride(1) + i * q.stride(2), q.stride(1),
-                       std::min<int64_t>(MAX_HEADS, (g + 1) * group - h), keys, k.stride(2), mrow,
-                       masked ? mask.stride(3) : 0, visible, chunks, static_cast<float>(scale),
-                       scores.data() + (h - g * group) * stride, stride);
-      weigh_heads<T>(scores.data(), stride, vd + b * v.stride(0) + g * v.stride(1), v.stride(2), visible, chunks,
-                     group, od + ((b * n + i) * H + g * group) * d, d);
+  const Call<T> c{q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(), out.data_ptr<T>(),
+                  masked ? mask.data_ptr<float>() : nullptr, q.stride(0), q.stride(1), q.stride(2),
+                  k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+                  masked && mask.size(0) > 1 ? mask.stride(0) : 0, masked ? mask.stride(2) : 0, masked ? mask.stride(3) : 0,
+                  H, n, d, L, H / kv_heads, d / 16, static_cast<float>(scale)};
+  const Split split = split_work(B, kv_heads, n, c.group, at::get_num_threads());
+  const int64_t per_group = split.row_blocks * split.head_blocks, stride = L + 16;
+  at::parallel_for(0, B * kv_heads * per_group, 1, [&](int64_t begin, int64_t end) {
+    Scratch w(split.rows * split.heads, stride, d);
+    for (int64_t item = begin; item < end; ++item) {  // a (b, g)'s units one after another: its keys stay in L2
+      const int64_t b = item / (kv_heads * per_group), g = (item / per_group) % kv_heads;
+      const int64_t r = (item % per_group) / split.head_blocks, hb = item % split.head_blocks;
+      const Unit u{b, g, r * split.rows, std::min(split.rows, n - r * split.rows), hb * split.heads,
+                   std::min(split.heads, c.group - hb * split.heads)};
+      unit_weigh<T>(c, u, w, stride, unit_probs<T>(c, u, w, stride));
     }
   });
 }

@@ -3,8 +3,9 @@ registry under the name "specdec" (the mask comes from the sdpa mask builder).
 
 torch's CPU flash attention splits queries and keys by the call's shape, so a verify forward's rows
 and the one-token forwards of plain decoding sum in different orders and, in bfloat16 especially,
-near-tied argmaxes flip. attention.cpp computes every query row alone in one fixed order, so the row
-gets the same bits in both. It runs for up to MAX_ROWS query rows per sequence (decode and verify
+near-tied argmaxes flip. attention.cpp gives every query row its result in one fixed order that
+does not depend on the other rows of the call (it tiles rows and heads of a kv group together for
+speed, each row's arithmetic unchanged), so the row gets the same bits in both. It runs for up to MAX_ROWS query rows per sequence (decode and verify
 steps); longer prefill chunks keep sdpa, which is faster there and needs no such agreement.
 """
 from __future__ import annotations

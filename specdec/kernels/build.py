@@ -16,6 +16,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name(name) for name in ("rowgemm.cpp", "attention.cpp", "norm.cpp", "layer.cpp")]
+HEADERS = [Path(__file__).with_name(name) for name in ("attention_simd.h",)]  # part of the digest, not compiled alone
 NAME = "specdec_rowgemm"
 ISA_NAMES = ("scalar", "avx2", "avx512", "avx512_bf16")  # rowgemm.cpp's Isa enum, by value
 
@@ -71,7 +72,7 @@ def _sources_digest() -> str:
     import hashlib
 
     digest = hashlib.sha256(" ".join(CFLAGS + LDFLAGS).encode())
-    for src in SOURCES:
+    for src in SOURCES + HEADERS:
         digest.update(src.name.encode() + b"\0" + src.read_bytes())
     return digest.hexdigest()[:16]
 
@@ -85,7 +86,7 @@ def _built(build_dir: Path):
     import importlib.util
 
     library = build_dir / f"{NAME}.so"
-    if not library.is_file() or any(src.stat().st_mtime > library.stat().st_mtime for src in SOURCES):
+    if not library.is_file() or any(src.stat().st_mtime > library.stat().st_mtime for src in SOURCES + HEADERS):
         return None
     spec = importlib.util.spec_from_file_location(NAME, library)
     module = importlib.util.module_from_spec(spec)

@@ -82,3 +82,61 @@ def test_heads_of_a_group_equal_each_head_alone_bitwise(dtype, dim, heads, kv_he
             g = h // group
             alone = KERNEL.module.attend(q[:, h:h + 1], k[:, g:g + 1], v[:, g:g + 1], m, dim ** -0.5)
             assert torch.equal(together[:, :, h], alone[:, :, 0]), (h, m is None)
+
+
+def attend_rows(q, k, v, mask=None):
+    return KERNEL.module.attend(q, k, v, mask, q.shape[-1] ** -0.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads, kv_heads", [(9, 3), (8, 1), (4, 4)])
+def test_tiled_rows_equal_one_row_calls_at_long_caches(dtype, heads, kv_heads):
+    """Many rows are tiled (blocks of rows x heads of a kv group per work unit, blocks sized by the row
+    count and the thread count); each row's result is bitwise its one-row call's, for 1, 3, 8 or 17 rows,
+    1 or 2 threads, either sequence of a batch, with a tree's mask over the last keys or causal."""
+    gen = torch.Generator().manual_seed(4)
+    keys, rows = 1100, 17
+    q = torch.randn(2, heads, rows, DIM, generator=gen).to(dtype)
+    k, v = (torch.randn(2, kv_heads, keys, DIM, generator=gen).to(dtype) for _ in range(2))
+    mask = torch.zeros(2, 1, rows, keys)
+    mask[..., -40:] = torch.where(torch.rand(2, 1, rows, 40, generator=gen) < 0.5, float("-inf"), 0.0)
+    alone = [[attend_rows(q[b:b + 1, :, i:i + 1], k[b:b + 1], v[b:b + 1], mask[b:b + 1, :, i:i + 1])[0, 0]
+              for i in range(rows)] for b in range(2)]
+    threads = torch.get_num_threads()
+    try:
+        for num_threads in (1, 2):
+            torch.set_num_threads(num_threads)
+            for n in (1, 3, 8, 17):
+                masked, causal = attend_rows(q[:, :, :n], k, v, mask[:, :, :n]), attend_rows(q[:, :, -n:], k, v)
+                for b in range(2):
+                    for i in range(n):
+                        assert torch.equal(masked[b, i], alone[b][i]), (num_threads, n, b, i)
+                        seen = keys - n + i + 1  # causal: row i of the last n sees the keys up to itself
+                        one = attend_rows(q[b:b + 1, :, rows - n + i:rows - n + i + 1], k[b:b + 1, :, :seen],
+                                          v[b:b + 1, :, :seen])
+                        assert torch.equal(causal[b, i], one[0, 0]), (num_threads, n, b, i, "causal")
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tree_rows_at_a_long_cache_equal_their_contiguous_path(dtype):
+    """17 tree rows over 1,100 cached keys (siblings hidden between a row's ancestors) against each row's
+    ancestors packed contiguously after the cache, as plain decoding's cache holds them."""
+    gen = torch.Generator().manual_seed(5)
+    cached, rows = 1100, 17
+    q = torch.randn(1, 9, rows, DIM, generator=gen).to(dtype)
+    k, v = (torch.randn(1, 3, cached + rows, DIM, generator=gen).to(dtype) for _ in range(2))
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, rows)]
+    mask = torch.full((1, 1, rows, cached + rows), float("-inf"))
+    mask[..., :cached] = 0.0
+    for i in range(rows):
+        node = i
+        while node >= 0:
+            mask[0, 0, i, cached + node] = 0.0
+            node = parents[node]
+    together = attend_rows(q, k, v, mask)
+    for i in range(rows):
+        seen = torch.cat([torch.arange(cached), cached + (mask[0, 0, i, cached:] == 0).nonzero()[:, 0]])
+        path = attend_rows(q[:, :, i:i + 1], k[:, :, seen], v[:, :, seen])
+        assert torch.equal(together[0, i], path[0, 0]), i
