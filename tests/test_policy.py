@@ -204,3 +204,28 @@ def test_drafting_must_promise_min_gain_over_plain(min_gain, expected):
         budget.seqs[k].acceptance.accepted, budget.seqs[k].acceptance.rejections = 60.0, 40.0  # alpha 0.6
     trees = budget.allocate(keys, [DraftTree.chain([1, 2]) for _ in keys], [False] * 4)
     assert [t.num_nodes for t in trees] == [expected] * 4
+
+
+def test_depth_learns_that_a_flat_verify_is_nearly_free():
+    """specdec's kernels: a verify of 9 rows costs ~3% more than one row. The fitted step cost must learn
+    that (a and b small) and draft deep when drafts pass, shallow when they seldom do."""
+    def run(alpha: float) -> tuple[DepthController, list[int]]:
+        rng, controller, ks = random.Random(0), DepthController(DepthConfig()), []
+        for _ in range(300):
+            k = controller.depth()
+            accepted = 0
+            while accepted < k and rng.random() < alpha:
+                accepted += 1
+            controller.record(k, accepted, flat_cpu(k + 1) + 0.0001 * k)  # + 0.1 ms a drafted token
+            ks.append(k)
+        return controller, ks[-100:]
+
+    controller, late = run(0.8)
+    # True extra cost: 0.45 ms of verify + 0.7 ms of drafting. The fit says ~5 ms: the depth sits at 7-8,
+    # where 9 rows cross the kernels' knee, and a line clamped to a >= 0 keeps that steep slope. Still far
+    # below the old verify's 1.1-2x a step, which is what decides the depth here.
+    extra = controller.step_cost(7) - controller.t_plain
+    assert 0.0 <= extra < 0.5 * controller.t_plain, extra
+    assert sum(late) / len(late) >= 6
+    _, late = run(0.3)
+    assert 1.5 <= sum(late) / len(late) <= 5  # ~0.3: the best rate is at depth 2-3, deeper adds ~nothing

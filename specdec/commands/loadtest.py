@@ -71,6 +71,13 @@ def run(args: argparse.Namespace) -> int:
         configs = [("speculative" if len(drafters) == 1 else f"speculative ({d})", d) for d in drafters]
         configs.append(("no speculation", None))
     labels = [label + (" over HTTP" if args.http is not None else "") for label, _ in configs]
+    if not (args.server or args.http):  # local stacks: the figures depend on this machine
+        from specdec.bench.machine import machine_info
+
+        machine = machine_info()
+        print(f"local stacks on {machine['cpu']} (flags: {' '.join(machine['cpu_flags']) or 'none'}), "
+              f"{machine['num_cpus']} CPUs, torch {machine['torch_num_threads']} threads, load "
+              f"{machine.get('load_average_1m')}", file=sys.stderr, flush=True)
     with contextlib.ExitStack() as stacks:  # every stack up at once: levels alternate between them
         targets = [stacks.enter_context(_stack(args, drafter)) for _, drafter in configs]
         runs = {label: [] for label in labels}
