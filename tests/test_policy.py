@@ -229,3 +229,13 @@ def test_depth_learns_that_a_flat_verify_is_nearly_free():
     assert sum(late) / len(late) >= 6
     _, late = run(0.3)
     assert 1.5 <= sum(late) / len(late) <= 5  # ~0.3: the best rate is at depth 2-3, deeper adds ~nothing
+
+
+def test_a_drafted_steps_cost_includes_getting_its_drafts():
+    """The batch budget's cost of a step that verifies drafts is the forward plus the drafting and the
+    wait for drafts before it; a plain step's is its forward alone (nothing was drafted for it)."""
+    policy = SpeculationPolicy(PolicyConfig(adaptive=False))
+    policy.add("a")
+    policy.record(["a"], [DraftTree.chain([1, 2])], [FakeStep([0, 0], 1, 2)], 0.014, draft_s=0.002, wait_s=0.005)
+    policy.record(["a"], [DraftTree.empty()], [FakeStep([0], 0, 0)], 0.013, draft_s=0.001, wait_s=0.004)
+    assert policy.batch.costs.means == {3: pytest.approx(0.021), 1: pytest.approx(0.013)}
