@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from specdec.bench.machine import machine_info
 from specdec.core.types import SamplingParams
 from specdec.drafters import build_drafter
 from specdec.engine import Engine, EngineConfig
@@ -103,10 +103,13 @@ def main() -> int:
     table = ["| method | tokens/s | speedup | tau | acceptance | greedy mismatches |", "|---|---|---|---|---|---|"]
     table += [f"| {r['method']} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}x | {r['tau']:.2f} | "
               f"{r['acceptance_rate']:.2f} | {r['mismatches']} |" for r in rows]
+    machine = machine_info()
+    print(f"{machine['cpu']} (flags: {' '.join(machine['cpu_flags']) or 'none'}), {machine['torch_num_threads']} "
+          f"threads, load {machine.get('load_average_1m')}, {dtype}")
     print("\n".join(table))
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    meta = {"machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+    meta = {"machine": machine,
             "dtype": str(dtype), "max_new_tokens": args.max_new_tokens, "num_prompts": args.num_prompts,
             "torch": torch.__version__}
     (out_dir / "quick.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))

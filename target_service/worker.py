@@ -64,6 +64,7 @@ class TargetWorker(DraftIntake):
         self.num_verify_forwards = self.num_sequence_steps = self.max_batch_seen = 0  # batching figures
         self.policy = engine.new_policy(load_aware=config.load_aware)  # under cond
         self.last_step_end = 0.0  # monotonic time the last verify step ended (batch formation)
+        self.draft_wait_s = 0.0  # decode thread: seconds waited for drafts since the last step
         self.batch_cache = BatchCache(engine.runner)  # the last batch's stacked KV cache (decode thread only)
         # KV budget, under cond: from the GPU's memory there, else configured or every slot at full context
         self.kv_budget = kv_budget or plan_kv_budget(engine, config.max_sequences, config.max_kv_tokens,
@@ -152,7 +153,10 @@ class TargetWorker(DraftIntake):
         decoding = {seq_id: state for seq_id, state in self.seqs.items() if not state.prefilling}
         ids, wait_s = form_batch(decoding, self._needs_draft, time.monotonic(), self.config, self.last_step_end)
         if not ids and idle_wait:
+            began = time.monotonic()
             self.cond.wait(timeout=wait_s)
+            if decoding:  # sequences were there, waiting for their drafts: a cost of speculating
+                self.draft_wait_s += time.monotonic() - began
         picked = []
         for seq_id in ids:
             state = self.seqs[seq_id]
@@ -234,7 +238,8 @@ class TargetWorker(DraftIntake):
             self.instruments.step(len(seqs), time.perf_counter() - start, steps)
             with self.cond:
                 self.policy.record(keys, trees, [None if isinstance(s, StepFailure) else s for s in steps],
-                                   time.perf_counter() - start, draft_s)
+                                   time.perf_counter() - start, draft_s, self.draft_wait_s)
+                self.draft_wait_s = 0.0
                 self.last_step_end = time.monotonic()
         for (seq_id, state, _), step in zip(picked, steps):
             if isinstance(step, StepFailure):

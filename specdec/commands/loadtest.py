@@ -6,7 +6,7 @@ import contextlib
 import json
 import sys
 
-from specdec.commands.serve import DRAFT_PLACES
+from specdec.commands.serve import DEFAULT_DRAFTER, DRAFT_PLACES, DRAFTERS
 from specdec.errors import InvalidArgument
 
 
@@ -24,8 +24,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--concurrency", default="1,2,4,8,16", help="comma-separated levels")
     p.add_argument("--requests", type=int, default=16, help="requests per level")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--drafter", choices=("ngram", "suffix", "draft", "medusa", "eagle", "eagle3"), default="ngram",
-                   help="drafter of the local stack")
+    p.add_argument("--drafter", default=DEFAULT_DRAFTER, metavar="{%s}[,...]" % ",".join(DRAFTERS),
+                   help="drafter of the local stack; with --compare a comma-separated list: one speculative stack "
+                        "per drafter, all alternating with the no-speculation one")
     p.add_argument("--draft-in", choices=DRAFT_PLACES, default="worker",
                    help="local stack: ngram / suffix / draft in a draft worker process or inside the target worker")
     p.add_argument("--target", default=None, help="target checkpoint dir of the local stack (default: embedded)")
@@ -63,18 +64,28 @@ def run(args: argparse.Namespace) -> int:
         from specdec.serving_config import load_stack_config
 
         options = client_options(load_stack_config(args.config))
+    drafters = drafter_list(args.drafter, args.compare)
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
-    configs = [("speculative", False), ("no speculation", True)] if args.compare else [
-        ("no speculation" if args.no_spec else args.drafter, args.no_spec)]
+    configs = [("no speculation" if args.no_spec else drafters[0], None if args.no_spec else drafters[0])]
+    if args.compare:  # one speculative stack per drafter, then the plain one
+        configs = [("speculative" if len(drafters) == 1 else f"speculative ({d})", d) for d in drafters]
+        configs.append(("no speculation", None))
     labels = [label + (" over HTTP" if args.http is not None else "") for label, _ in configs]
+    if not (args.server or args.http):  # local stacks: the figures depend on this machine
+        from specdec.bench.machine import machine_info
+
+        machine = machine_info()
+        print(f"local stacks on {machine['cpu']} (flags: {' '.join(machine['cpu_flags']) or 'none'}), "
+              f"{machine['num_cpus']} CPUs, torch {machine['torch_num_threads']} threads, load "
+              f"{machine.get('load_average_1m')}", file=sys.stderr, flush=True)
     with contextlib.ExitStack() as stacks:  # every stack up at once: levels alternate between them
-        targets = [stacks.enter_context(_stack(args, no_spec)) for _, no_spec in configs]
+        targets = [stacks.enter_context(_stack(args, drafter)) for _, drafter in configs]
         runs = {label: [] for label in labels}
         for c in levels:
             tries = {label: [] for label in labels}
-            for r in range(args.rounds):  # alternate the order, so drift of a shared machine hits both sides
+            for r in range(args.rounds):  # rotate the order, so drift of a shared machine hits every side
                 order = list(zip(labels, targets))
-                for label, (address, http_url) in order if r % 2 == 0 else order[::-1]:
+                for label, (address, http_url) in order[r % len(order):] + order[:r % len(order)]:
                     tries[label].append(run_level(address, c, args.requests, params, http_url=http_url,
                                                   client_options=options))
             for label in labels:
@@ -92,12 +103,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def local_stack_config(args: argparse.Namespace, no_spec: bool):
-    """The local stack `specdec serve` would start with its defaults (no_spec: the same target, no drafter)."""
+def drafter_list(text: str, compare: bool) -> list[str]:
+    """--drafter's names: one, or with --compare several (comma-separated), each a drafter the stack offers."""
+    names = [name.strip() for name in text.split(",")]
+    if any(name not in DRAFTERS for name in names) or len(set(names)) < len(names):
+        raise InvalidArgument(f"--drafter must be distinct names among {', '.join(DRAFTERS)}, got {text!r}")
+    if len(names) > 1 and not compare:
+        raise InvalidArgument("several drafters need --compare (one stack each, alternating)")
+    return names
+
+
+def local_stack_config(args: argparse.Namespace, drafter: str | None):
+    """The local stack `specdec serve` would start with its defaults and this drafter (None: the same
+    target, no drafter)."""
     from specdec.commands.serve import stack_config
     from specdec.serving_config import StackConfig, TargetConfig
 
-    ns = argparse.Namespace(config=None, target=args.target, drafter=args.drafter, draft=None,
+    no_spec = drafter is None
+    ns = argparse.Namespace(config=None, target=args.target, drafter=drafter or DEFAULT_DRAFTER, draft=None,
                             draft_in=args.draft_in, dtype="auto", port=0,
                             http_port=0, api_keys_file=None, no_pipeline=False, metrics_port=-1, host=None,
                             insecure=False, device="auto", linear_kernel="auto")
@@ -111,15 +134,15 @@ class _stack:
     """(gRPC address, HTTP URL or None): as given (--server, --http URL), or a local stack started (and
     stopped) here."""
 
-    def __init__(self, args: argparse.Namespace, no_spec: bool):
-        self.args, self.no_spec, self.stack = args, no_spec, None
+    def __init__(self, args: argparse.Namespace, drafter: str | None):
+        self.args, self.drafter, self.stack = args, drafter, None
 
     def __enter__(self) -> tuple[str | None, str | None]:
         if self.args.server or self.args.http:
             return self.args.server, self.args.http
         from specdec.launch import start_stack
 
-        self.stack = start_stack(local_stack_config(self.args, self.no_spec))
+        self.stack = start_stack(local_stack_config(self.args, self.drafter))
         return self.stack.address, f"http://{self.stack.http_address}" if self.args.http is not None else None
 
     def __exit__(self, *exc) -> None:

@@ -14,6 +14,8 @@ from specdec.config_fields import add_config_args, config_from_args
 from specdec.serving_config import DraftConfig, RouterConfig, StackConfig, TargetConfig, load_stack_config
 
 SELF_DRAFTERS = ("medusa", "eagle", "eagle3")  # read the target's features: they run inside the target worker
+DRAFTERS = ("ngram", "suffix", "draft") + SELF_DRAFTERS
+DEFAULT_DRAFTER = "ngram"  # the local stack's drafter unless --drafter says otherwise
 DRAFT_PLACES = ("worker", "target")  # where a drafter that could run in either place runs (--draft-in)
 PIECES = {"router": (RouterConfig, "router.server"), "draft": (DraftConfig, "draft_service.server"),
           "target": (TargetConfig, "target_service.server")}
@@ -23,7 +25,7 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("serve", help="serve over gRPC: the local stack, a YAML deployment, or one piece")
     p.add_argument("--config", default=None, help="YAML deployment file (router, targets, drafts)")
     p.add_argument("--target", default=None, help="target checkpoint dir (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--drafter", choices=("ngram", "suffix", "draft") + SELF_DRAFTERS, default="ngram",
+    p.add_argument("--drafter", choices=DRAFTERS, default=DEFAULT_DRAFTER,
                    help="ngram / suffix / draft run in a draft worker; medusa / eagle heads run inside the target worker")
     p.add_argument("--draft", default=None, help="trained drafter checkpoint dir (draft, medusa, eagle, eagle3)")
     p.add_argument("--draft-in", choices=DRAFT_PLACES, default="worker",

@@ -15,8 +15,8 @@ costs and measured acceptance, how many nodes per sequence to verify:
     choice              R maximising gain / cost, and R = 0 unless that beats R = 0 by min_gain
 
 Costs above the measured row counts are unknown, so every `probe_interval` steps one step verifies
-`probe_tokens` more per sequence (one in batches of 4 or more) and measures it; a probe that did not
-beat the choice's expected rate doubles the interval, so under load probing costs well under a percent.
+`probe_tokens` more per sequence (one in batches of 4 or more) and measures it; a probe whose expected
+tokens over its measured seconds did not beat the choice's expected rate doubles the interval, so under load probing costs well under a percent.
 
 Which trees may be cut after drafting is the exactness question, answered in specdec.policy.
 """
@@ -90,6 +90,7 @@ class BatchBudget:
         self.steps_since_probe = 0
         self.probe_interval = config.min_probe_interval
         self.probe_expected: float | None = None  # during a probe step: the expected rate of the choice
+        self.probe_gain = 0.0  # ... and the tokens the probed nodes are expected to give
         self.num_choices = 0
 
     def cap(self) -> int:
@@ -133,6 +134,7 @@ class BatchBudget:
         elif self.steps_since_probe + 1 >= self.probe_interval and best_r < max_nodes:
             self.probe_expected = best_rate or 0.0
             best_r = min(best_r + probe, max_nodes)
+            self.probe_gain = batch + sum(sum(order[:best_r]) for order in orders)
         self.last_budget = NO_CAP if best_r >= max_nodes else best_r
         return best_r
 
@@ -142,8 +144,11 @@ class BatchBudget:
             return
         self.costs.record(num_rows, seconds)
         self.steps_since_probe += 1
-        if self.probe_expected is not None:  # did the probe beat what the choice was expected to do?
-            paid = num_tokens / seconds >= 1.02 * self.probe_expected  # a clear gain, not timing noise
+        if self.probe_expected is not None:  # at its measured cost, does the probe beat the choice?
+            # Judged on expected tokens, not the tokens this one step drew: at acceptance 0.3 a 2-node
+            # probe gains nothing 70% of the time, and judging by that luck backed probing off for good
+            # while drafting would pay (a flat verify cost: the choice's 1.0x against 1.4x possible).
+            paid = self.probe_gain / seconds >= 1.02 * self.probe_expected  # a clear gain, not timing noise
             floor = self.config.min_probe_interval * (4 if batch >= 4 else 1)  # big batches probe rarer
             self.probe_interval = floor if paid else min(max(2 * self.probe_interval, floor),
                                                          self.config.max_probe_interval)

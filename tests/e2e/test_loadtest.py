@@ -72,8 +72,8 @@ def test_local_stack_config_has_every_serve_default():
 
     from specdec.commands.loadtest import local_stack_config
 
-    args = argparse.Namespace(target=None, drafter="ngram", draft_in="worker")
-    spec, plain = local_stack_config(args, no_spec=False), local_stack_config(args, no_spec=True)
+    args = argparse.Namespace(target=None, draft_in="worker")
+    spec, plain = local_stack_config(args, "ngram"), local_stack_config(args, None)
     assert [d.drafter for d in spec.drafts] == ["ngram"] and plain.drafts == ()
     assert spec.targets[0].linear_kernel == "auto" and spec.targets[0].device == "auto"
 
@@ -83,8 +83,18 @@ def test_local_stack_can_draft_inside_the_target():
 
     from specdec.commands.loadtest import local_stack_config
 
-    spec = local_stack_config(argparse.Namespace(target=None, drafter="suffix", draft_in="target"), no_spec=False)
+    spec = local_stack_config(argparse.Namespace(target=None, draft_in="target"), "suffix")
     assert spec.drafts == () and [t.drafter for t in spec.targets] == ["suffix"]
+
+
+def test_drafter_lists_need_compare_and_known_names():
+    from specdec.commands.loadtest import drafter_list
+
+    assert drafter_list("ngram", compare=False) == ["ngram"]
+    assert drafter_list("ngram,eagle3", compare=True) == ["ngram", "eagle3"]
+    for text, compare in (("ngram,eagle3", False), ("ngram,bogus", True), ("ngram,ngram", True)):
+        result = loadtest("--drafter", text, *(["--compare"] if compare else []))
+        assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 def test_rounds_repeat_each_level_and_report_the_median_run(draft_stack: Stack):
