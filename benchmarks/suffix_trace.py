@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import time
 from pathlib import Path
 
 from specdec.core.types import SamplingParams
@@ -79,10 +80,13 @@ def replay(drafter: SuffixDrafter, prompt_ids: list[int], answer: list[int], dep
     session = drafter.new_session()
     params = SamplingParams()
     done = steps = drafted = accepted = num_nodes = 0
+    propose_s = 0.0
     while done < len(answer):
         context = prompt_ids + answer[:done]
         limit = min(depth, len(answer) - done - 1)
+        start = time.perf_counter()
         tree = session.propose(context, limit, params, None) if limit > 0 else None
+        propose_s += time.perf_counter() - start
         n = 0
         if tree is not None and tree.num_nodes:
             drafted += 1
@@ -94,7 +98,8 @@ def replay(drafter: SuffixDrafter, prompt_ids: list[int], answer: list[int], dep
         done += n + 1
         steps += 1
     session.close(prompt_ids + answer, len(prompt_ids))
-    return {"tokens": len(answer), "steps": steps, "drafted": drafted, "accepted": accepted, "nodes": num_nodes}
+    return {"tokens": len(answer), "steps": steps, "drafted": drafted, "accepted": accepted, "nodes": num_nodes,
+            "propose_s": propose_s}
 
 
 def main() -> None:
@@ -132,7 +137,7 @@ def main() -> None:
         r = replay(drafter, ids, answer, args.depth, trace if show else None)
         print(f"{prompt.workload:14} {prompt.prompt_id:28} tau {r['tokens'] / r['steps']:.2f}  "
               f"drafted {r['drafted'] / r['steps']:.0%}  accepted/drafted step {r['accepted'] / max(r['drafted'], 1):.2f}  "
-              f"nodes/draft {r['nodes'] / max(r['drafted'], 1):.1f}")
+              f"nodes/draft {r['nodes'] / max(r['drafted'], 1):.1f}  propose {r['propose_s'] / r['steps'] * 1e6:.0f} us/step")
         t = totals.setdefault(prompt.workload, {"tokens": 0, "steps": 0})
         t["tokens"] += r["tokens"]
         t["steps"] += r["steps"]
