@@ -43,7 +43,9 @@ def plain_answers(prompts, max_new_tokens: int) -> tuple[list[list[int]], list[l
     CACHE.mkdir(parents=True, exist_ok=True)
     engine = Engine(load_model(None, pick_dtype("float32")), None)
     prompt_ids, answers = [], []
-    for prompt in prompts:
+    from tqdm import tqdm
+
+    for prompt in tqdm(prompts, desc="plain answers", unit="prompt", leave=False):
         ids = engine.encode(prompt.chat(), chat=True)
         key = hashlib.sha256(json.dumps([ids, max_new_tokens]).encode()).hexdigest()[:16]
         path = CACHE / f"{prompt.prompt_id}-{key}.json"
@@ -113,12 +115,14 @@ def main() -> None:
     p.add_argument("--show", nargs="*", default=None, help="with --steps: only these prompt ids")
     p.add_argument("--config", default="{}", help="SuffixConfig fields as JSON")
     args = p.parse_args()
+    if args.max_new_tokens < 1 or args.depth < 1:
+        p.error("--max-new-tokens and --depth must be >= 1")
     try:
         config = SuffixConfig(**json.loads(args.config))
+        prompts = [q for q in load_workloads(REPO / DEFAULT_DIR, tuple(args.workloads) if args.workloads else None)
+                   if q.temperature == 0]
     except (TypeError, ValueError, InvalidArgument) as exc:
-        raise SystemExit(f"error: bad --config: {exc}") from None
-    prompts = [q for q in load_workloads(REPO / DEFAULT_DIR, tuple(args.workloads) if args.workloads else None)
-               if q.temperature == 0]
+        p.error(str(exc))  # one line, exit code 2
     prompt_ids, answers, tokenizer = plain_answers(prompts, args.max_new_tokens)
     drafter = SuffixDrafter(config)
     totals: dict[str, dict] = {}
