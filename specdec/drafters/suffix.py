@@ -3,12 +3,13 @@
 Two suffix tries (specdec.drafters.suffix_tree) are matched against the end of the context at every
 step: the session's own over the current prompt and output, and the drafter's global one over the
 outputs of earlier generations it drafted for, each behind the end of its prompt (one store per
-engine or draft worker, bounded in tokens, oldest evicted first). From the longest earlier
-occurrence of the context's end, each proposes a tree of the continuations that followed it, most
-frequent first, and the tree with the larger expected number of accepted tokens goes to the
-target. How much to speculate follows the match: a match of m tokens allows up to `spec_factor * m`
-nodes, so a long verbatim match (an agent resending its own earlier output, a JSON record being
-reformatted) buys a deep draft and a two-token coincidence a short one.
+engine or draft worker, bounded in tokens, oldest evicted first). Every distinct earlier occurrence
+of the context's end, in either trie, is a source weighted by how far a match of its length can be
+trusted, and one candidate tree takes the continuations most probable under the blend
+(specdec.drafters.suffix_blend): deep along a long verbatim match (an agent resending its own
+earlier output, a JSON record being reformatted), wide where short matches disagree (which key
+follows `"` in a JSON answer). How much to speculate also follows the match: a match of m tokens
+allows up to `spec_factor * m` nodes.
 
 No model and no randomness (q = None: every node is a deterministic choice), so the drafts are
 exact under any temperature; it costs microseconds per step on the CPU.
@@ -24,6 +25,7 @@ import torch
 from specdec.core.tree import DraftTree
 from specdec.core.types import SamplingParams
 from specdec.drafters.base import common_prefix_len
+from specdec.drafters.suffix_blend import GLOBAL, OWN, blended_tree, sources, weights
 from specdec.drafters.suffix_tree import SuffixTrie
 from specdec.errors import InvalidArgument
 
@@ -37,10 +39,11 @@ CHECK_WINDOW = 64
 @dataclass(frozen=True)
 class SuffixConfig:
     max_depth: int = 24  # longest substring the tries hold: match plus continuation
-    # A match of m tokens allows up to spec_factor * m draft nodes. The paper uses 1; here 2, because a
-    # CPU verify forward of 16 rows costs about what one of 2 does, so a longer draft per match is cheap.
-    spec_factor: float = 2.0
-    min_token_prob: float = 0.1  # skip candidates whose estimated probability (along their path) is lower
+    # A match of m tokens (the longest) allows up to spec_factor * m draft nodes. The paper uses 1 for
+    # one path; here the tree's width comes from blending shorter matches, whose weights already
+    # follow the match length, so the cap only stops a one-token coincidence from filling the budget.
+    spec_factor: float = 8.0
+    min_token_prob: float = 0.05  # skip candidates whose estimated probability (along their path) is lower
     num_nodes: int = 16  # the most nodes of one draft tree (the step's max_nodes may lower it)
     global_tokens: int = 65536  # token budget of the global store of earlier outputs (0 = none)
 
@@ -55,22 +58,6 @@ class SuffixConfig:
             raise InvalidArgument(f"num_nodes must be an integer >= 1, got {self.num_nodes}")
         if not isinstance(self.global_tokens, int) or self.global_tokens < 0:
             raise InvalidArgument(f"global_tokens must be an integer >= 0, got {self.global_tokens}")
-
-
-def draft_from(trie: SuffixTrie, context_ids: list[int], max_tokens: int, max_nodes: int,
-               config: SuffixConfig) -> tuple[list[int], list[int], float]:
-    """(token ids, parent ids, score) continuing context_ids from `trie`; empty when nothing matches.
-
-    The trie holds depth max_depth, so matching on at most max_depth - max_tokens tokens leaves room
-    for a full-depth draft; the budget still follows the whole match length."""
-    tail = context_ids[-(trie.max_depth - 1):]
-    match_len = trie.longest_match(tail)
-    if match_len == 0:
-        return [], [], 0.0
-    num_nodes = min(max_nodes, max(1, int(config.spec_factor * match_len)))
-    used = max(1, min(match_len, trie.max_depth - max_tokens))
-    start = trie.find(tail[len(tail) - used:])
-    return trie.draft(start, min(max_tokens, trie.max_depth - used), num_nodes, config.min_token_prob)
 
 
 class SuffixStore:
@@ -144,13 +131,19 @@ class SuffixSession:
         budget = self.config.num_nodes if max_nodes is None else min(max_nodes, self.config.num_nodes)
         if max_tokens <= 0 or budget <= 0:
             return DraftTree.empty()
-        best = draft_from(self.trie, context_ids, max_tokens, budget, self.config)
-        if self.store is not None:
-            with self.store.lock:
-                shared = draft_from(self.store.trie, context_ids, max_tokens, budget, self.config)
-            if shared[2] > best[2]:
-                best = shared
-        return DraftTree(tuple(best[0]), tuple(best[1]))
+        found = sources(self.trie, OWN, context_ids, max_tokens)
+        if self.store is None:
+            return self._tree(found, max_tokens, budget)
+        with self.store.lock:  # the store's states are read while the tree grows
+            return self._tree(found + sources(self.store.trie, GLOBAL, context_ids, max_tokens), max_tokens, budget)
+
+    def _tree(self, found: list, max_tokens: int, budget: int) -> DraftTree:
+        if not found:
+            return DraftTree.empty()
+        longest = max(s.match_len for s in found)
+        num_nodes = min(budget, max(1, int(self.config.spec_factor * longest)))
+        tokens, parents, _ = blended_tree(weights(found), max_tokens, num_nodes, self.config.min_token_prob)
+        return DraftTree(tuple(tokens), tuple(parents))
 
     def close(self, context_ids: list[int], num_prompt_tokens: int) -> None:
         """The generation ended with context_ids (prompt + output): its output joins the drafter's

@@ -11,16 +11,14 @@ the int position in the text where its continuation starts. Only repeated substr
   into a node. O(number of repeated suffixes) <= max_depth per token.
 - `pop` takes the last token back (a session's rollback after a rejected pipelined guess);
   `remove_first` uncounts the oldest sequence (the global store's eviction) by replaying it.
-- `longest_match` finds the longest suffix of a context that occurred before *with a continuation*,
-  and `draft` grows the candidate tree from it greedily, most probable continuation first, a node's
-  probability being the product along its path of count(child) / sum of its siblings' counts.
+- `longest_match` finds the longest suffix of a context that occurred before *with a continuation*;
+  `find` walks to the state of a pattern, whose continuations and counts the candidate tree reads
+  (specdec.drafters.suffix_blend).
 
 Pure Python on purpose: a token costs microseconds (benchmarks/suffix_update.py), far below a
 target forward.
 """
 from __future__ import annotations
-
-import heapq
 
 SENTINEL = -1  # ends a sequence in the text; never a token, so nothing matches or continues across it
 
@@ -193,41 +191,3 @@ class SuffixTrie:
             else:
                 hi = mid - 1
         return lo
-
-    def draft(self, start, max_depth: int, max_nodes: int, min_prob: float) -> tuple[list[int], list[int], float]:
-        """The candidate tree under state `start`: (token ids, parent ids, score).
-
-        Nodes are taken greedily by estimated probability, so every node comes after its parent, the
-        first child of each node is its most probable one, and the score (the sum of the chosen
-        probabilities) is the tree's expected number of accepted tokens under the estimate."""
-        token_ids: list[int] = []
-        parent_ids: list[int] = []
-        score = 0.0
-        heap: list[tuple] = []
-        order = 0
-
-        def push(state, index: int, prob: float, depth: int) -> None:
-            nonlocal order
-            if depth >= max_depth:
-                return
-            if type(state) is int:  # inside a leaf: the one continuation the text has
-                token = self.at(state)
-                children = [] if token == SENTINEL else [(token, state + 1, 1)]
-            else:
-                children = [(t, c, 1 if type(c) is int else c.count) for t, c in _items(state)]
-            total = sum(count for _, _, count in children)
-            for token, child, count in children:
-                p = prob * count / total
-                if p >= min_prob:  # probabilities only shrink downwards: nothing below is kept either
-                    heapq.heappush(heap, (-p, order, token, child, index, depth + 1))
-                    order += 1
-
-        push(start, -1, 1.0, 0)
-        while heap and len(token_ids) < max_nodes:
-            neg_p, _, token, state, parent, depth = heapq.heappop(heap)
-            token_ids.append(token)
-            parent_ids.append(parent)
-            score -= neg_p
-            push(state, len(token_ids) - 1, -neg_p, depth)
-        return token_ids, parent_ids, score
-

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from specdec.drafters.suffix import SuffixConfig, SuffixStore, draft_from
+from specdec.drafters.suffix import SuffixStore
+from specdec.drafters.suffix_blend import OWN, Source, blended_tree
 from specdec.drafters.suffix_tree import SENTINEL, SuffixTrie, _Node
 
 
@@ -114,25 +115,14 @@ def test_candidate_tree_follows_frequencies_most_likely_first():
         for token in seq:
             trie.append(token)
         trie.end_sequence()
-    tokens, parents, score = trie.draft(trie.find([1, 2]), max_depth=4, max_nodes=10, min_prob=0.0)
+    one = [(1.0, Source(OWN, 2, trie, trie.find([1, 2])))]  # one source, fully trusted
+    tokens, parents, score = blended_tree(one, max_tokens=4, max_nodes=10, min_prob=0.0)
     assert tokens == [3, 6, 4, 5] and parents == [-1, -1, 0, 0]  # 2/3, then 1/3 and 1/3, 1/3 in insertion order
     assert score == pytest.approx(2 / 3 + 1 / 3 + 1 / 3 + 1 / 3)
     assert all(p < i for i, p in enumerate(parents))
     # a probability floor drops the rare branches; a node budget and a depth bound are honoured
-    assert trie.draft(trie.find([1, 2]), 4, 10, min_prob=0.5)[0] == [3]
-    assert trie.draft(trie.find([1, 2]), 4, 2, 0.0)[0] == [3, 6]
-    assert trie.draft(trie.find([1, 2]), 1, 10, 0.0)[0] == [3, 6]
-
-
-def test_draft_budget_follows_the_match_length():
-    config = SuffixConfig(max_depth=24, spec_factor=1.0, min_token_prob=0.0)
-    trie = SuffixTrie(config.max_depth)
-    text = list(range(100, 140))
-    for token in text + [7] + text[:6]:  # the context ends with a 6-token match of the earlier run
-        trie.append(token)
-    tokens, parents, _ = draft_from(trie, trie.tokens, max_tokens=16, max_nodes=16, config=config)
-    assert tokens == text[6:12] and parents == [-1, 0, 1, 2, 3, 4]  # 6 nodes for a 6-token match
-    tokens, _, _ = draft_from(trie, trie.tokens, max_tokens=3, max_nodes=16, config=config)
-    assert tokens == text[6:9]  # never deeper than max_tokens
-    tokens, _, _ = draft_from(trie, trie.tokens, max_tokens=16, max_nodes=2, config=config)
-    assert tokens == text[6:8]  # never more than max_nodes
+    assert blended_tree(one, 4, 10, min_prob=0.5)[0] == [3]
+    assert blended_tree(one, 4, 2, 0.0)[0] == [3, 6]
+    assert blended_tree(one, 1, 10, 0.0)[0] == [3, 6]
+    # a source's weight scales every probability below it
+    assert blended_tree([(0.5, one[0][1])], 4, 10, 0.0)[2] == pytest.approx(score / 2)

@@ -1,0 +1,122 @@
+"""One candidate tree from every match of the context's end, in both suffix tries, each weighted by
+how often a match like it turns out right.
+
+The longest earlier occurrence of the context's end is not always the best guide: a one- or
+two-token match is a coincidence more often than not (its continuation is right about a third of the
+time on the project's workloads), while a shorter match that occurred many times often knows better
+(after `"` in a JSON answer, the keys that followed it so far). And an earlier generation in the
+global store is a weaker witness than the current request's own text. So every distinct match
+(each length at which the set of earlier occurrences grows, in the session's trie and in the
+store's) is a source with a confidence, and the sources are blended as a back-off chain, as
+prediction by partial matching does: the most confident source gets its confidence, the next one
+its confidence of what is left, and so on. A candidate's probability is the weighted sum, over the
+sources that continue it, of its frequency there; the tree takes the most probable candidates, so
+it is wide where the sources disagree (short matches) and deep where one long match dominates.
+
+A source's confidence grows with its match length and is lower in the global store (TRUST_OFFSET).
+Learning it online (counting, per trie and match length, how often a source's top continuation was
+the committed token) was tried and changed the workloads' tau by at most 0.03: the prior carries it.
+Blending afresh at every node of the tree (prediction by partial matching proper) was tried too: it
+lowered tau (a trust below 1 at every level makes a long copy look shallow) and cost 3-5x more.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from specdec.drafters.suffix_tree import SENTINEL, SuffixTrie, _items
+
+OWN, GLOBAL = 0, 1  # which trie a source lives in
+# A match of m tokens is trusted m / (m + offset): the share of such matches whose most frequent
+# continuation was the token the target committed, measured with benchmarks/suffix_trace.py on the
+# greedy workloads (the session's own trie: 0.2-0.45 at m = 1, 0.5 at 2, 0.64 at 3, 0.7 at 4-5,
+# 0.84 at 6-8, 0.97 beyond 12; the global store of other requests' answers about half that at m <= 3).
+TRUST_OFFSET = (2.0, 4.0)
+
+
+def trust(kind: int, match_len: int) -> float:
+    return match_len / (match_len + TRUST_OFFSET[kind])
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: int  # OWN or GLOBAL
+    match_len: int
+    trie: SuffixTrie
+    state: object  # the trie state after the matched tokens: a _Node or a leaf position
+
+
+def _children(trie: SuffixTrie, state) -> list[tuple[int, object, int]]:
+    """(token, child state, count) of every continuation of a state."""
+    if type(state) is int:
+        token = trie.at(state)
+        return [] if token == SENTINEL else [(token, state + 1, 1)]
+    return [(t, c, 1 if type(c) is int else c.count) for t, c in _items(state)]
+
+
+def sources(trie: SuffixTrie, kind: int, context_ids: list[int], reserve: int) -> list[Source]:
+    """The distinct matches of the context's end in one trie, longest first: every match length at
+    which the earlier occurrences (and so the continuation counts) differ from the longer match's.
+    A match walks at most max_depth - reserve tokens, leaving the trie room for `reserve` more (a
+    longer one continues from its end that short, and keeps its own length for its trust)."""
+    tail = context_ids[-(trie.max_depth - 1):]
+    room = max(1, trie.max_depth - reserve)
+    found: list[Source] = []
+    last_total = 0
+    for m in range(trie.longest_match(tail), 0, -1):
+        state = trie.find(tail[len(tail) - min(m, room):])
+        total = sum(count for _, _, count in _children(trie, state))
+        if total not in (0, last_total):  # nested occurrence sets: the same total is the same set
+            found.append(Source(kind, m, trie, state))
+            last_total = total
+    return found
+
+
+def weights(all_sources: list[Source]) -> list[tuple[float, Source]]:
+    """The back-off chain: sources by confidence, each weighted by its confidence times what the
+    more confident ones left over."""
+    rated = sorted(((trust(s.kind, s.match_len), s) for s in all_sources),
+                   key=lambda cs: (-cs[0], cs[1].kind, -cs[1].match_len))
+    left, out = 1.0, []
+    for confidence, source in rated:
+        out.append((left * confidence, source))
+        left *= 1.0 - confidence
+    return out
+
+
+def blended_tree(weighted: list[tuple[float, Source]], max_tokens: int, max_nodes: int,
+                 min_prob: float) -> tuple[list[int], list[int], float]:
+    """(token ids, parent ids, expected accepted tokens): the max_nodes most probable candidates of
+    at most max_tokens tokens, each of probability >= min_prob, every node after its parent."""
+    token_ids: list[int] = []
+    parent_ids: list[int] = []
+    score = 0.0
+    heap: list[tuple] = []
+    order = 0
+
+    def push(alive: list[tuple[float, SuffixTrie, object]], index: int, depth: int) -> None:
+        nonlocal order
+        if depth >= max_tokens:
+            return
+        merged: dict[int, list] = {}
+        for prob, trie, state in alive:
+            children = _children(trie, state)
+            total = sum(count for _, _, count in children)
+            for token, child, count in children:
+                entry = merged.setdefault(token, [0.0, []])
+                p = prob * count / total
+                entry[0] += p
+                entry[1].append((p, trie, child))
+        for token, (p, below) in merged.items():
+            if p >= min_prob:
+                heapq.heappush(heap, (-p, order, token, index, depth + 1, below))
+                order += 1
+
+    push([(w, s.trie, s.state) for w, s in weighted], -1, 0)
+    while heap and len(token_ids) < max_nodes:
+        neg_p, _, token, parent, depth, below = heapq.heappop(heap)
+        token_ids.append(token)
+        parent_ids.append(parent)
+        score -= neg_p
+        push(below, len(token_ids) - 1, depth)
+    return token_ids, parent_ids, score
