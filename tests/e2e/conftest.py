@@ -5,13 +5,12 @@ a `finally`, so a failing test never leaves a server behind.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
 import pytest
 
-from e2e.harness import running_stack, stack_config
+from e2e.harness import always_drafting, running_stack, stack_config
 from e2e.tiny import make_noisy_copy, make_tiny_llama
 from specdec.launch import Stack
 
@@ -39,9 +38,7 @@ def draft_stack(tiny_models) -> Stack:
 def drafting_stack(tiny_models) -> Stack:
     """A draft-model stack that drafts 2 tokens at every step (no adaptive or load-aware choice): every
     step verifies a draft sent over the wire, whatever the timing (sampling and tau tests need that)."""
-    config = stack_config(tiny_models, "draft", adaptive=False, load_aware=False)
-    drafts = tuple(dataclasses.replace(d, adaptive=False, num_speculative_tokens=2) for d in config.drafts)
-    with running_stack(dataclasses.replace(config, drafts=drafts)) as stack:
+    with running_stack(always_drafting(stack_config(tiny_models, "draft"))) as stack:
         yield stack
 
 
@@ -59,8 +56,9 @@ def suffix_stack(tiny_models) -> Stack:
 
 @pytest.fixture(scope="session")
 def http_stack(tiny_models) -> Stack:
-    """A draft-model stack shared by the HTTP API's test modules (one start instead of one per module)."""
-    with running_stack(stack_config(tiny_models, "draft")) as stack:
+    """A draft-model stack shared by the HTTP API's test modules (one start instead of one per module);
+    drafting at every step, so a long generation holds its slot as long as the queue tests need."""
+    with running_stack(always_drafting(stack_config(tiny_models, "draft"))) as stack:
         yield stack
 
 

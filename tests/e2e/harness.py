@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 
 from specdec.launch import spawn, start_stack, wait_ready
@@ -19,6 +20,17 @@ def stack_config(models, drafter: str = "draft", pipeline: bool = True, **target
         drafts=(DraftConfig(drafter=drafter, model=str(models["draft"]) if drafter == "draft" else None,
                             target_model=str(target), dtype="float32", num_threads=1, pipeline=pipeline),),
         ready_timeout_s=READY_TIMEOUT_S)
+
+
+def always_drafting(config: StackConfig, num_speculative_tokens: int = 2) -> StackConfig:
+    """The same stack drafting num_speculative_tokens at every step: no adaptive or load-aware choice.
+
+    On the tiny target a forward costs less than a draft's round trip, so the adaptive stack rightly
+    stops drafting; tests of what drafts do (their figures, their timing) need them every step."""
+    targets = tuple(dataclasses.replace(t, adaptive=False, load_aware=False) for t in config.targets)
+    drafts = tuple(dataclasses.replace(d, adaptive=False, num_speculative_tokens=num_speculative_tokens)
+                   for d in config.drafts)
+    return dataclasses.replace(config, targets=targets, drafts=drafts)
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ from specdec.cli import main as cli_main
 from specdec.client import Client
 from specdec.core.types import SamplingParams
 from specdec.trace_report import read_spans
-from e2e.harness import running_stack, stack_config
+from e2e.harness import always_drafting, running_stack, stack_config
 from e2e.otlp_receiver import otlp_receiver
 
 pytestmark = pytest.mark.e2e
@@ -30,7 +30,7 @@ SPAN_WAIT_S = 30.0
 @pytest.fixture(scope="module")
 def traced(tiny_models, tmp_path_factory):
     spans_file = tmp_path_factory.mktemp("spans") / "spans.jsonl"
-    config = stack_config(tiny_models, "draft")
+    config = always_drafting(stack_config(tiny_models, "draft"))  # the figures below need accepted drafts
     config = dataclasses.replace(
         config, router=dataclasses.replace(config.router, metrics_port=0),
         targets=tuple(dataclasses.replace(c, metrics_port=0) for c in config.targets),
