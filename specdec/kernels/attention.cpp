@@ -217,9 +217,13 @@ void attend_all(const torch::Tensor& q, const torch::Tensor& k, const torch::Ten
                   k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
                   masked && mask.size(0) > 1 ? mask.stride(0) : 0, masked ? mask.stride(2) : 0, masked ? mask.stride(3) : 0,
                   H, n, d, L, H / kv_heads, d / 16, static_cast<float>(scale)};
-  const Split split = split_work(B, kv_heads, n, c.group, at::get_num_threads());
+  // One query row in all (plain decoding) runs on this thread, as one unit per kv group: waking the
+  // pool for it cost more than it gained (see rowgemm's MIN_PARALLEL_ROWS).
+  const int64_t num_threads = B * n >= 2 ? at::get_num_threads() : 1;
+  const Split split = split_work(B, kv_heads, n, c.group, num_threads);
   const int64_t per_group = split.row_blocks * split.head_blocks, stride = L + 16;
-  at::parallel_for(0, B * kv_heads * per_group, 1, [&](int64_t begin, int64_t end) {
+  const int64_t num_items = B * kv_heads * per_group;
+  at::parallel_for(0, num_items, num_threads > 1 ? 1 : num_items, [&](int64_t begin, int64_t end) {
     Scratch w(split.rows * split.heads, stride, d);
     for (int64_t item = begin; item < end; ++item) {  // a (b, g)'s units one after another: its keys stay in L2
       const int64_t b = item / (kv_heads * per_group), g = (item / per_group) % kv_heads;
