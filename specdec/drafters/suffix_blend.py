@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from specdec.drafters.suffix_tree import SENTINEL, SuffixTrie, _items
+from specdec.drafters.suffix_tree import SuffixTrie
 
 OWN, GLOBAL = 0, 1  # which trie a source lives in
 # A match of m tokens is trusted m / (m + offset): the share of such matches whose most frequent
@@ -46,14 +46,6 @@ class Source:
     state: object  # the trie state after the matched tokens: a _Node or a leaf position
 
 
-def _children(trie: SuffixTrie, state) -> list[tuple[int, object, int]]:
-    """(token, child state, count) of every continuation of a state."""
-    if type(state) is int:
-        token = trie.at(state)
-        return [] if token == SENTINEL else [(token, state + 1, 1)]
-    return [(t, c, 1 if type(c) is int else c.count) for t, c in _items(state)]
-
-
 def sources(trie: SuffixTrie, kind: int, context_ids: list[int], reserve: int) -> list[Source]:
     """The distinct matches of the context's end in one trie, longest first: every match length at
     which the earlier occurrences (and so the continuation counts) differ from the longer match's.
@@ -65,7 +57,7 @@ def sources(trie: SuffixTrie, kind: int, context_ids: list[int], reserve: int) -
     last_total = 0
     for m in range(trie.longest_match(tail), 0, -1):
         state = trie.find(tail[len(tail) - min(m, room):])
-        total = sum(count for _, _, count in _children(trie, state))
+        total = sum(count for _, _, count in trie.continuations(state))
         if total not in (0, last_total):  # nested occurrence sets: the same total is the same set
             found.append(Source(kind, m, trie, state))
             last_total = total
@@ -100,7 +92,7 @@ def blended_tree(weighted: list[tuple[float, Source]], max_tokens: int, max_node
             return
         merged: dict[int, list] = {}
         for prob, trie, state in alive:
-            children = _children(trie, state)
+            children = trie.continuations(state)
             total = sum(count for _, _, count in children)
             for token, child, count in children:
                 entry = merged.setdefault(token, [0.0, []])

@@ -12,8 +12,8 @@ the int position in the text where its continuation starts. Only repeated substr
 - `pop` takes the last token back (a session's rollback after a rejected pipelined guess);
   `remove_first` uncounts the oldest sequence (the global store's eviction) by replaying it.
 - `longest_match` finds the longest suffix of a context that occurred before *with a continuation*;
-  `find` walks to the state of a pattern, whose continuations and counts the candidate tree reads
-  (specdec.drafters.suffix_blend).
+  `find` walks to the state of a pattern, and `continuations` lists what followed it and how often
+  (what the candidate tree reads, specdec.drafters.suffix_blend).
 
 Pure Python on purpose: a token costs microseconds (benchmarks/suffix_update.py), far below a
 target forward.
@@ -156,6 +156,13 @@ class SuffixTrie:
                 break
             found.append(state)
         return found
+
+    def continuations(self, state) -> list[tuple[int, object, int]]:
+        """(token, state after it, count) for every continuation of a state `find` returned."""
+        if type(state) is int:  # inside a leaf: the one continuation the text has
+            token = self.at(state)
+            return [] if token == SENTINEL else [(token, state + 1, 1)]
+        return [(t, c, 1 if type(c) is int else c.count) for t, c in _items(state)]
 
     def find(self, pattern):
         """The state after reading pattern from the root: a _Node, an int (inside a leaf), or None."""

@@ -213,13 +213,14 @@ torch::Tensor rowgemm(torch::Tensor x, torch::Tensor packed, int64_t n_out, int6
   auto out_dtype = bf16 && !out_fp32 ? at::kBFloat16 : at::kFloat;
   auto y = torch::empty({M, n_out}, x.options().dtype(out_dtype));
   if (M == 0) return y;
+  const int64_t grain = M >= MIN_PARALLEL_ROWS ? 1 : num_tiles;  // tiles per thread's share at least
   if (!bf16) {
     TORCH_CHECK(x.scalar_type() == at::kFloat && packed.scalar_type() == at::kFloat && packed.size(1) == K,
                 "rowgemm: float32 weights [tiles, K, 32] need float32 x [M, K]");
     const float* xd = x.data_ptr<float>();
     const float* wd = packed.data_ptr<float>();
     float* yd = y.data_ptr<float>();
-    at::parallel_for(0, num_tiles, M >= MIN_PARALLEL_ROWS ? 1 : num_tiles, [&](int64_t b, int64_t e) {
+    at::parallel_for(0, num_tiles, grain, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
         const int64_t col = t * TILE;
         const char* pf = t + 1 < e ? reinterpret_cast<const char*>(wd + (t + 1) * K * TILE) : nullptr;
@@ -237,7 +238,7 @@ torch::Tensor rowgemm(torch::Tensor x, torch::Tensor packed, int64_t n_out, int6
   const auto* wd = reinterpret_cast<const uint16_t*>(packed.data_ptr());
   char* yd = static_cast<char*>(y.data_ptr());
   const int64_t elem = y.element_size();
-  at::parallel_for(0, num_tiles, M >= MIN_PARALLEL_ROWS ? 1 : num_tiles, [&](int64_t b, int64_t e) {
+  at::parallel_for(0, num_tiles, grain, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       const int64_t col = t * TILE;
       const char* pf = t + 1 < e ? reinterpret_cast<const char*>(wd + (t + 1) * K2 * 2 * TILE) : nullptr;
