@@ -33,6 +33,15 @@ def test_the_local_head_offers_what_the_stack_needs_on_loopback_only():
     assert "--block" in argv  # it stays our child-like process: one signal stops the whole cluster
 
 
+def _wait_exec(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    """Until the child has exec'd: between fork and exec its /proc cmdline is still the parent's (pytest's),
+    which the state file rightly refuses as a reused pid."""
+    deadline = time.monotonic() + timeout_s
+    while b"time.sleep(60)" not in Path(f"/proc/{process.pid}/cmdline").read_bytes():
+        assert time.monotonic() < deadline, "the stand-in process never started"
+        time.sleep(0.01)
+
+
 def test_the_state_file_names_the_head_only_while_it_runs_and_stop_signals_only_it(tmp_path):
     path = local_cluster.state_file("demo", str(tmp_path))
     assert local_cluster.read_state(path) is None
@@ -41,6 +50,8 @@ def test_the_state_file_names_the_head_only_while_it_runs_and_stop_signals_only_
                             start_new_session=True)
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "ray", "start"])
     try:
+        _wait_exec(head)
+        _wait_exec(bystander)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"pid": head.pid, "address": "127.0.0.1:1", "log": ""}))
         assert local_cluster.read_state(path)["address"] == "127.0.0.1:1"
