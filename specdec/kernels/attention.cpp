@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "attention_simd.h"
+#include "parts.h"
 
 namespace {
 
@@ -207,6 +208,20 @@ AVX512 void unit_weigh(const Call<T>& c, const Unit& u, Scratch& w, int64_t stri
   }
 }
 
+// Units [begin, end) of the call's split: a (b, g)'s units one after another, so its keys stay in L2.
+template <typename T>
+void attend_items(const Call<T>& c, const Split& split, int64_t kv_heads, int64_t begin, int64_t end) {
+  const int64_t per_group = split.row_blocks * split.head_blocks, stride = c.L + 16;
+  Scratch w(split.rows * split.heads, stride, c.d);
+  for (int64_t item = begin; item < end; ++item) {
+    const int64_t b = item / (kv_heads * per_group), g = (item / per_group) % kv_heads;
+    const int64_t r = (item % per_group) / split.head_blocks, hb = item % split.head_blocks;
+    const Unit u{b, g, r * split.rows, std::min(split.rows, c.n - r * split.rows), hb * split.heads,
+                 std::min(split.heads, c.group - hb * split.heads)};
+    unit_weigh<T>(c, u, w, stride, unit_probs<T>(c, u, w, stride));
+  }
+}
+
 template <typename T>
 void attend_all(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& mask,
                 torch::Tensor& out, double scale) {
@@ -221,21 +236,31 @@ void attend_all(const torch::Tensor& q, const torch::Tensor& k, const torch::Ten
   // pool for it cost more than it gained (see rowgemm's MIN_PARALLEL_ROWS).
   const int64_t num_threads = B * n >= 2 ? at::get_num_threads() : 1;
   const Split split = split_work(B, kv_heads, n, c.group, num_threads);
-  const int64_t per_group = split.row_blocks * split.head_blocks, stride = L + 16;
-  const int64_t num_items = B * kv_heads * per_group;
+  const int64_t num_items = B * kv_heads * split.row_blocks * split.head_blocks;
   at::parallel_for(0, num_items, num_threads > 1 ? 1 : num_items, [&](int64_t begin, int64_t end) {
-    Scratch w(split.rows * split.heads, stride, d);
-    for (int64_t item = begin; item < end; ++item) {  // a (b, g)'s units one after another: its keys stay in L2
-      const int64_t b = item / (kv_heads * per_group), g = (item / per_group) % kv_heads;
-      const int64_t r = (item % per_group) / split.head_blocks, hb = item % split.head_blocks;
-      const Unit u{b, g, r * split.rows, std::min(split.rows, n - r * split.rows), hb * split.heads,
-                   std::min(split.heads, c.group - hb * split.heads)};
-      unit_weigh<T>(c, u, w, stride, unit_probs<T>(c, u, w, stride));
-    }
+    attend_items<T>(c, split, kv_heads, begin, end);
   });
 }
 
+template <typename T>
+void attend_share(const specdec_parts::AttendArgs& a, int64_t part, int64_t parts) {
+  const Call<T> c{static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
+                  static_cast<T*>(a.out), a.mask, a.q_b, a.q_h, a.q_i, a.k_b, a.k_g, a.k_row, a.v_b, a.v_g,
+                  a.v_row, a.m_b, a.m_i, a.m_j, a.H, a.n, a.d, a.L, a.H / a.kv_heads, a.d / 16, a.scale};
+  const Split split = split_work(a.B, a.kv_heads, a.n, c.group, parts);
+  int64_t begin, end;
+  specdec_parts::share(a.B * a.kv_heads * split.row_blocks * split.head_blocks, part, parts, begin, end);
+  if (begin < end) attend_items<T>(c, split, a.kv_heads, begin, end);
+}
+
 }  // namespace
+
+void specdec_parts::attend_part(bool bf16, const AttendArgs& a, int64_t part, int64_t parts) {
+  if (bf16)
+    attend_share<at::BFloat16>(a, part, parts);
+  else
+    attend_share<float>(a, part, parts);
+}
 
 // q [B, H, n, d], k / v [B, kv_heads, L, d] (any strides, unit stride along d), mask: undefined or float32
 // additive [B|1, 1, n, L] (any strides); float32 or bfloat16 -> out [B, n, H, d] in q's dtype.

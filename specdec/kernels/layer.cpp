@@ -9,15 +9,16 @@
 // and sums of rotary rounded one by one, silu and its product by ATen's own kernels), so the hidden
 // states are bitwise those of the transformers walk over the same kernels, and row-invariant as they are.
 #include <torch/extension.h>
+#include <omp.h>
+#include <ATen/Parallel.h>
 #include <cstdint>
 #include <vector>
 
-torch::Tensor rowgemm(torch::Tensor x, torch::Tensor packed, int64_t n_out, int64_t isa, bool out_fp32);
-torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, c10::optional<torch::Tensor> mask,
-                     double scale);
-torch::Tensor rmsnorm(torch::Tensor x, torch::Tensor weight, double eps);
+#include "parts.h"
 
 namespace {
+
+constexpr int64_t MAX_HEAD_DIM = 256;  // attention.cpp's limit too
 
 // transformers' apply_rotary_pos_emb on one head's vector, in place: x * cos + rotate_half(x) * sin,
 // each product and the sum rounded to T (as the three tensor ops round them).
@@ -33,43 +34,42 @@ inline void rotate(T* x, const T* cos, const T* sin, int64_t d, T* tmp) {
   }
 }
 
-// qkv [B*n, width]: q heads from column 0 rotated in place; k heads (from k_col) rotated and, with the
-// v heads (from v_col), written to keys / values [B, kv_heads, capacity, d] at columns start..start+n.
+// Rows [begin, end) of qkv [B*n, width]: q heads from column 0 rotated in place; k heads (from k_col)
+// rotated and, with the v heads (from v_col), written to keys / values [B, kv_heads, capacity, d] at column
+// start + i for row (b, i). cos / sin [B*n, d].
 template <typename T>
-void rotate_and_store(torch::Tensor& qkv, int64_t B, int64_t n, int64_t heads, int64_t kv_heads, int64_t d,
-                      int64_t k_col, int64_t v_col, const torch::Tensor& cos, const torch::Tensor& sin,
-                      torch::Tensor keys, torch::Tensor values, int64_t start) {
-  T* base = qkv.data_ptr<T>();
-  const int64_t width = qkv.size(1);
-  const T* cd = cos.data_ptr<T>();
-  const T* sd = sin.data_ptr<T>();
-  T* kd = keys.data_ptr<T>();
-  T* vd = values.data_ptr<T>();
-  std::vector<T> tmp(d);
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t i = 0; i < n; ++i) {
-      T* row = base + (b * n + i) * width;
-      const T* c = cd + (b * n + i) * d;
-      const T* s = sd + (b * n + i) * d;
-      for (int64_t h = 0; h < heads; ++h) rotate<T>(row + h * d, c, s, d, tmp.data());
-      for (int64_t g = 0; g < kv_heads; ++g) {
-        T* k = row + k_col + g * d;
-        rotate<T>(k, c, s, d, tmp.data());
-        const int64_t slot = ((b * kv_heads + g) * keys.size(2) + start + i) * d;
-        std::copy(k, k + d, kd + slot);
-        std::copy(row + v_col + g * d, row + v_col + (g + 1) * d, vd + slot);
-      }
+void rotate_rows(T* qkv, int64_t width, int64_t n, int64_t heads, int64_t kv_heads, int64_t d, int64_t k_col,
+                 int64_t v_col, const T* cd, const T* sd, T* kd, T* vd, int64_t capacity, int64_t start,
+                 int64_t begin, int64_t end) {
+  T tmp[MAX_HEAD_DIM];
+  for (int64_t m = begin; m < end; ++m) {
+    const int64_t b = m / n, i = m % n;
+    T* row = qkv + m * width;
+    const T* c = cd + m * d;
+    const T* s = sd + m * d;
+    for (int64_t h = 0; h < heads; ++h) rotate<T>(row + h * d, c, s, d, tmp);
+    for (int64_t g = 0; g < kv_heads; ++g) {
+      T* k = row + k_col + g * d;
+      rotate<T>(k, c, s, d, tmp);
+      const int64_t slot = ((b * kv_heads + g) * capacity + start + i) * d;
+      std::copy(k, k + d, kd + slot);
+      std::copy(row + v_col + g * d, row + v_col + (g + 1) * d, vd + slot);
     }
   }
 }
 
-// x + y into y (transformers' residual add: one rounding per element, either order gives the same bits).
+// x + y into y over `count` elements (transformers' residual add: one rounding per element, either order
+// gives the same bits).
 template <typename T>
-void add_into(const torch::Tensor& x, torch::Tensor& y) {
-  const T* xd = x.data_ptr<T>();
-  T* yd = y.data_ptr<T>();
-  const int64_t count = y.numel();
-  for (int64_t j = 0; j < count; ++j) yd[j] = static_cast<T>(xd[j] + yd[j]);
+void add_into(const T* x, T* y, int64_t count) {
+  for (int64_t j = 0; j < count; ++j) y[j] = static_cast<T>(x[j] + y[j]);
+}
+
+void add_rows(bool bf16, const void* x, void* y, int64_t H, int64_t begin, int64_t end) {
+  if (bf16)
+    add_into(static_cast<const at::BFloat16*>(x) + begin * H, static_cast<at::BFloat16*>(y) + begin * H, (end - begin) * H);
+  else
+    add_into(static_cast<const float*>(x) + begin * H, static_cast<float*>(y) + begin * H, (end - begin) * H);
 }
 
 // Weights of one decoder layer, packed for rowgemm (specdec/kernels/packing.py).
@@ -86,50 +86,142 @@ class LeanStack {
             double eps, double scale)
       : final_norm_(final_norm), heads_(heads), kv_heads_(kv_heads), d_(head_dim), hidden_(hidden),
         inter_(intermediate), k_col_(k_col), v_col_(v_col), up_col_(up_col), eps_(eps), scale_(scale) {
-    TORCH_CHECK(weights.size() % 6 == 0, "LeanStack: 6 weights per layer");
+    TORCH_CHECK(weights.size() % 6 == 0 && !weights.empty(), "LeanStack: 6 weights per layer");
+    TORCH_CHECK(head_dim % 16 == 0 && head_dim <= MAX_HEAD_DIM && heads % kv_heads == 0,
+                "LeanStack: head_dim a multiple of 16 up to 256, heads a multiple of kv_heads");
+    TORCH_CHECK(final_norm.scalar_type() != at::kBFloat16 || (hidden % 2 == 0 && intermediate % 2 == 0),
+                "LeanStack: bfloat16 products take pairs: hidden and intermediate sizes must be even");
     for (size_t i = 0; i < weights.size(); i += 6)
       layers_.push_back({weights[i], weights[i + 1], weights[i + 2], weights[i + 3], weights[i + 4], weights[i + 5]});
   }
 
   // hidden [B, n, H] (the embeddings); store [layers, 2, B, kv_heads, capacity, d]; the new entries go to
-  // columns [start, start + n); cos / sin [B, n, d]; mask: float32 additive [B, 1, n, start + n] or None
+  // columns [start, start + n); cos / sin [B, n, d]; mask: float32 additive [B|1, 1, n, start + n] or None
   // (causal). Returns [final-normed hidden [B, n, H], the hidden states after each layer in `keep`
   // (hidden_states indices: k = after k layers)].
   std::vector<torch::Tensor> forward(torch::Tensor hidden, torch::Tensor store, int64_t start, torch::Tensor cos,
                                      torch::Tensor sin, c10::optional<torch::Tensor> mask, std::vector<int64_t> keep) {
     TORCH_CHECK(hidden.dim() == 3 && hidden.is_contiguous() && cos.is_contiguous() && sin.is_contiguous() &&
                     store.is_contiguous() && store.dim() == 6 && store.size(0) == (int64_t)layers_.size() &&
-                    store.size(2) == hidden.size(0) && start + hidden.size(1) <= store.size(4),
+                    store.size(2) == hidden.size(0) && start + hidden.size(1) <= store.size(4) &&
+                    store.scalar_type() == hidden.scalar_type() && cos.scalar_type() == hidden.scalar_type(),
                 "LeanStack.forward: hidden [B, n, H], store [layers, 2, B, kv_heads, capacity, d] with room");
-    const int64_t B = hidden.size(0), n = hidden.size(1), M = B * n, end = start + n;
-    const bool bf16 = hidden.scalar_type() == at::kBFloat16;
-    std::vector<torch::Tensor> out(1 + keep.size());
-    torch::Tensor x = hidden.reshape({M, hidden_});
-    for (size_t l = 0; l < layers_.size(); ++l) {
-      const Layer& w = layers_[l];
-      torch::Tensor qkv = rowgemm(rmsnorm(x, w.input_norm, eps_), w.qkv, w.qkv.size(0) * 32, -1, false);
-      torch::Tensor keys = store.select(0, l).select(0, 0), values = store.select(0, l).select(0, 1);
-      if (bf16)
-        rotate_and_store<at::BFloat16>(qkv, B, n, heads_, kv_heads_, d_, k_col_, v_col_, cos, sin, keys, values, start);
-      else
-        rotate_and_store<float>(qkv, B, n, heads_, kv_heads_, d_, k_col_, v_col_, cos, sin, keys, values, start);
-      torch::Tensor q = qkv.view({B, n, qkv.size(1)}).narrow(2, 0, heads_ * d_).view({B, n, heads_, d_}).transpose(1, 2);
-      torch::Tensor attn = attend(q, keys.narrow(2, 0, end), values.narrow(2, 0, end), mask, scale_);
-      torch::Tensor h = rowgemm(attn.view({M, heads_ * d_}), w.o, hidden_, -1, false);
-      bf16 ? add_into<at::BFloat16>(x, h) : add_into<float>(x, h);
-      torch::Tensor gate_up = rowgemm(rmsnorm(h, w.post_norm, eps_), w.gate_up, w.gate_up.size(0) * 32, -1, false);
-      torch::Tensor act = at::silu(gate_up.narrow(1, 0, inter_));
-      act.mul_(gate_up.narrow(1, up_col_, inter_));
-      x = rowgemm(act, w.down, hidden_, -1, false);
-      bf16 ? add_into<at::BFloat16>(h, x) : add_into<float>(h, x);
-      for (size_t j = 0; j < keep.size(); ++j)
-        if (keep[j] == (int64_t)l + 1) out[1 + j] = x.view({B, n, hidden_});
+    const int64_t B = hidden.size(0), n = hidden.size(1), M = B * n, end = start + n, num_layers = layers_.size();
+    const auto opts = hidden.options();
+    Plan p{hidden.scalar_type() == at::kBFloat16, B, n, start, store.size(4)};
+    p.xs = torch::empty({num_layers, M, hidden_}, opts);  // the residual stream after each layer
+    p.h = torch::empty({M, hidden_}, opts);
+    p.normed = torch::empty({M, hidden_}, opts);
+    p.qkv = torch::empty({M, layers_[0].qkv.size(0) * 32}, opts);
+    p.attn = torch::empty({B, n, heads_, d_}, opts);
+    p.gate_up = torch::empty({M, layers_[0].gate_up.size(0) * 32}, opts);
+    p.act = torch::empty({M, inter_}, opts);
+    p.gate = p.gate_up.narrow(1, 0, inter_);
+    p.up = p.gate_up.narrow(1, up_col_, inter_);
+    p.out = torch::empty({B, n, hidden_}, opts);
+    p.hidden = hidden;
+    p.store = store;
+    p.cos = cos;
+    p.sin = sin;
+    const int64_t width = p.qkv.size(1);
+    p.args = {p.qkv.data_ptr(), store.data_ptr(), store.data_ptr(), p.attn.data_ptr(), nullptr,
+              n * width, d_, width, store.stride(2), store.stride(3), store.stride(4), store.stride(2), store.stride(3),
+              store.stride(4),
+              0, 0, 0, B, heads_, n, d_, kv_heads_, end, static_cast<float>(scale_)};
+    torch::Tensor m;
+    if (mask.has_value() && mask->defined()) {
+      m = *mask;
+      TORCH_CHECK(m.scalar_type() == at::kFloat && m.dim() == 4 && m.size(2) == n && m.size(3) == end,
+                  "LeanStack.forward: mask float32 [B|1, 1, n, start + n]");
+      p.args.mask = m.data_ptr<float>();
+      p.args.m_b = m.size(0) > 1 ? m.stride(0) : 0;
+      p.args.m_i = m.stride(2);
+      p.args.m_j = m.stride(3);
     }
-    out[0] = rmsnorm(x, final_norm_, eps_).view({B, n, hidden_});
+    const int64_t threads = at::get_num_threads();
+    if (threads > 1 && !omp_in_parallel()) {
+      // One team for the whole forward: the pool wakes once, not once per product (~150 times).
+#pragma omp parallel num_threads(threads)
+      run(p, omp_get_thread_num(), omp_get_num_threads());
+    } else {
+      run(p, 0, 1);
+    }
+    std::vector<torch::Tensor> out{p.out};
+    for (int64_t k : keep)
+      out.push_back(k >= 1 && k <= num_layers ? p.xs.select(0, k - 1).view({B, n, hidden_}) : torch::Tensor());
     return out;
   }
 
  private:
+  // One forward's buffers (allocated before the team starts; the team only reads and writes them).
+  struct Plan {
+    bool bf16;
+    int64_t B, n, start, capacity;
+    torch::Tensor hidden, store, cos, sin, xs, h, normed, qkv, attn, gate_up, act, gate, up, out;
+    specdec_parts::AttendArgs args;
+  };
+
+  // Part `part` of `parts` of every layer. Products and attention are split between the parts, norms,
+  // residual adds and rotary by rows; silu * up (ATen's own kernels, for their exact roundings) runs on the
+  // calling thread, part 0. A barrier wherever a step reads what other parts wrote.
+  void run(Plan& p, int64_t part, int64_t parts) {
+    using namespace specdec_parts;
+    const int64_t M = p.B * p.n, elem = p.bf16 ? 2 : 4;
+    const int64_t width = p.qkv.size(1), wgu = p.gate_up.size(1);
+    int64_t row0, row1;
+    share(M, part, parts, row0, row1);
+    const void* x = p.hidden.data_ptr();
+    char* const xs = static_cast<char*>(p.xs.data_ptr());
+    char* const store = static_cast<char*>(p.store.data_ptr());
+    specdec_parts::AttendArgs args = p.args;
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const Layer& w = layers_[l];
+      void* const y = xs + l * M * hidden_ * elem;
+      char* const keys = store + l * p.store.stride(0) * elem;
+      char* const values = keys + p.store.stride(1) * elem;
+      rmsnorm_part(p.bf16, x, w.input_norm.data_ptr(), p.normed.data_ptr(), M, hidden_, eps_, part, parts);
+#pragma omp barrier
+      rowgemm_part(p.bf16, p.normed.data_ptr(), M, hidden_, w.qkv.data_ptr(), w.qkv.size(0), width,
+                   p.qkv.data_ptr(), false, part, parts);
+#pragma omp barrier
+      if (p.bf16)
+        rotate_rows<at::BFloat16>(p.qkv.data_ptr<at::BFloat16>(), width, p.n, heads_, kv_heads_, d_, k_col_, v_col_,
+                                  p.cos.data_ptr<at::BFloat16>(), p.sin.data_ptr<at::BFloat16>(),
+                                  reinterpret_cast<at::BFloat16*>(keys), reinterpret_cast<at::BFloat16*>(values),
+                                  p.capacity, p.start, row0, row1);
+      else
+        rotate_rows<float>(p.qkv.data_ptr<float>(), width, p.n, heads_, kv_heads_, d_, k_col_, v_col_,
+                           p.cos.data_ptr<float>(), p.sin.data_ptr<float>(), reinterpret_cast<float*>(keys),
+                           reinterpret_cast<float*>(values), p.capacity, p.start, row0, row1);
+      args.k = keys;
+      args.v = values;
+#pragma omp barrier
+      attend_part(p.bf16, args, part, parts);
+#pragma omp barrier
+      rowgemm_part(p.bf16, p.attn.data_ptr(), M, heads_ * d_, w.o.data_ptr(), w.o.size(0), hidden_, p.h.data_ptr(),
+                   false, part, parts);
+#pragma omp barrier
+      add_rows(p.bf16, x, p.h.data_ptr(), hidden_, row0, row1);  // h = attention + residual, by this part's rows,
+      rmsnorm_part(p.bf16, p.h.data_ptr(), w.post_norm.data_ptr(), p.normed.data_ptr(), M, hidden_, eps_, part,
+                   parts);                                          // then normed by the same rows
+#pragma omp barrier
+      rowgemm_part(p.bf16, p.normed.data_ptr(), M, hidden_, w.gate_up.data_ptr(), w.gate_up.size(0), wgu,
+                   p.gate_up.data_ptr(), false, part, parts);
+#pragma omp barrier
+      if (part == 0) {
+        at::silu_out(p.act, p.gate);
+        p.act.mul_(p.up);
+      }
+#pragma omp barrier
+      rowgemm_part(p.bf16, p.act.data_ptr(), M, inter_, w.down.data_ptr(), w.down.size(0), hidden_, y, false, part,
+                   parts);
+#pragma omp barrier
+      add_rows(p.bf16, p.h.data_ptr(), y, hidden_, row0, row1);  // the next norm reads only these rows
+      x = y;
+    }
+    rmsnorm_part(p.bf16, x, final_norm_.data_ptr(), p.out.data_ptr(), M, hidden_, eps_, part, parts);
+  }
+
   std::vector<Layer> layers_;
   torch::Tensor final_norm_;
   int64_t heads_, kv_heads_, d_, hidden_, inter_, k_col_, v_col_, up_col_;

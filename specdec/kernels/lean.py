@@ -39,6 +39,8 @@ def why_not(model: torch.nn.Module, decoder: torch.nn.Module, kernel: KernelChoi
     if (getattr(config, "hidden_act", "silu") != "silu" or getattr(config, "sliding_window", None)
             or getattr(config, "pretraining_tp", 1) not in (None, 1)):
         return "its activation, attention window or tensor-parallel pretraining split differs from Llama's"
+    if model.dtype == torch.bfloat16 and (config.hidden_size % 2 or config.intermediate_size % 2):
+        return "bfloat16 products take pairs of inputs and its hidden or intermediate size is odd"
     if not isinstance(getattr(decoder, "norm", None), FusedRMSNorm):
         return "its final norm is not on specdec's RMSNorm kernel"
     for layer in decoder.layers:

@@ -16,13 +16,18 @@
 #include <cstdint>
 #include <cstring>
 
+#include "parts.h"
+
 namespace {
 
 constexpr int64_t TILE = 32;
 // One row (plain decoding) runs on the calling thread: its products are bound by memory, and waking the
 // pool's other thread for each of a forward's ~150 calls cost more than it gained (plain decoding,
 // 2 threads: 52.6 -> 43.1 tok/s float32, 87.3 -> 61.0 bfloat16, when every call was split).
+// A one-row call whose weights take much longer to stream than a wake-up (the LM head: 113 MB in float32)
+// is split all the same. (The decoder's own calls run inside layer.cpp's team and never come here.)
 constexpr int64_t MIN_PARALLEL_ROWS = 2;
+constexpr int64_t MIN_SPLIT_BYTES = int64_t{16} << 20;
 enum Isa : int64_t { SCALAR = 0, AVX2 = 1, AVX512 = 2, AVX512_BF16 = 3 };
 
 int64_t best_isa() {
@@ -198,6 +203,31 @@ void bf16_tile(const uint16_t* wp, const uint32_t* xp, int64_t ldx, int64_t K2, 
   }
 }
 
+// Tiles [begin, end) of y[M, n_out] = x[M, K] @ W^T (float32), each tile prefetching the next of the range.
+void f32_tiles(int64_t isa, const float* xd, int64_t M, int64_t K, const float* wd, int64_t n_out, float* yd,
+               int64_t begin, int64_t end) {
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t col = t * TILE;
+    const char* pf = t + 1 < end ? reinterpret_cast<const char*>(wd + (t + 1) * K * TILE) : nullptr;
+    f32_tile(isa, wd + t * K * TILE, xd, K, K, yd + col, n_out, std::min(TILE, n_out - col), M, pf);
+  }
+}
+
+// The same for bfloat16 weights [tiles, K2, 32, 2] and x as K2 bf16 pairs per row.
+void bf16_tiles(const void* x, int64_t M, int64_t K2, const void* packed, int64_t n_out, void* y, bool out_fp32,
+                int64_t begin, int64_t end) {
+  const auto* xp = static_cast<const uint32_t*>(x);
+  const auto* wd = static_cast<const uint16_t*>(packed);
+  char* yd = static_cast<char*>(y);
+  const int64_t elem = out_fp32 ? 4 : 2;
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t col = t * TILE;
+    const char* pf = t + 1 < end ? reinterpret_cast<const char*>(wd + (t + 1) * K2 * 2 * TILE) : nullptr;
+    bf16_tile(wd + t * K2 * 2 * TILE, xp, K2, K2, yd + col * elem, n_out, elem, std::min(TILE, n_out - col), M,
+              out_fp32, pf);
+  }
+}
+
 }  // namespace
 
 // x [M, K] (float32 with float32 weights, bfloat16 with bfloat16 weights), packed weights as above;
@@ -213,19 +243,12 @@ torch::Tensor rowgemm(torch::Tensor x, torch::Tensor packed, int64_t n_out, int6
   auto out_dtype = bf16 && !out_fp32 ? at::kBFloat16 : at::kFloat;
   auto y = torch::empty({M, n_out}, x.options().dtype(out_dtype));
   if (M == 0) return y;
-  const int64_t grain = M >= MIN_PARALLEL_ROWS ? 1 : num_tiles;  // tiles per thread's share at least
+  const int64_t grain = M >= MIN_PARALLEL_ROWS || packed.nbytes() >= MIN_SPLIT_BYTES ? 1 : num_tiles;
   if (!bf16) {
     TORCH_CHECK(x.scalar_type() == at::kFloat && packed.scalar_type() == at::kFloat && packed.size(1) == K,
                 "rowgemm: float32 weights [tiles, K, 32] need float32 x [M, K]");
-    const float* xd = x.data_ptr<float>();
-    const float* wd = packed.data_ptr<float>();
-    float* yd = y.data_ptr<float>();
     at::parallel_for(0, num_tiles, grain, [&](int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t) {
-        const int64_t col = t * TILE;
-        const char* pf = t + 1 < e ? reinterpret_cast<const char*>(wd + (t + 1) * K * TILE) : nullptr;
-        f32_tile(isa, wd + t * K * TILE, xd, K, K, yd + col, n_out, std::min(TILE, n_out - col), M, pf);
-      }
+      f32_tiles(isa, x.data_ptr<float>(), M, K, packed.data_ptr<float>(), n_out, y.data_ptr<float>(), b, e);
     });
     return y;
   }
@@ -233,20 +256,23 @@ torch::Tensor rowgemm(torch::Tensor x, torch::Tensor packed, int64_t n_out, int6
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.size(1) * 2 == K + (K & 1),
               "rowgemm: bfloat16 weights [tiles, K/2, 32, 2] need bfloat16 x [M, K]");
   torch::Tensor xe = K & 1 ? torch::constant_pad_nd(x, {0, 1}).contiguous() : x;
-  const int64_t K2 = packed.size(1);
-  const auto* xp = reinterpret_cast<const uint32_t*>(xe.data_ptr());
-  const auto* wd = reinterpret_cast<const uint16_t*>(packed.data_ptr());
-  char* yd = static_cast<char*>(y.data_ptr());
-  const int64_t elem = y.element_size();
   at::parallel_for(0, num_tiles, grain, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) {
-      const int64_t col = t * TILE;
-      const char* pf = t + 1 < e ? reinterpret_cast<const char*>(wd + (t + 1) * K2 * 2 * TILE) : nullptr;
-      bf16_tile(wd + t * K2 * 2 * TILE, xp, K2, K2, yd + col * elem, n_out, elem,
-                std::min(TILE, n_out - col), M, out_fp32, pf);
-    }
+    bf16_tiles(xe.data_ptr(), M, packed.size(1), packed.data_ptr(), n_out, y.data_ptr(), out_fp32, b, e);
   });
   return y;
+}
+
+void specdec_parts::rowgemm_part(bool bf16, const void* x, int64_t M, int64_t K, const void* packed,
+                                 int64_t num_tiles, int64_t n_out, void* y, bool out_fp32, int64_t part,
+                                 int64_t parts) {
+  static const int64_t ISA = best_isa();
+  int64_t begin, end;
+  specdec_parts::share(num_tiles, part, parts, begin, end);
+  if (bf16)
+    bf16_tiles(x, M, K / 2, packed, n_out, y, out_fp32, begin, end);
+  else
+    f32_tiles(ISA, static_cast<const float*>(x), M, K, static_cast<const float*>(packed), n_out,
+              static_cast<float*>(y), begin, end);
 }
 
 int64_t cpu_isa() { return best_isa(); }

@@ -23,9 +23,18 @@ def runners(path, dtype) -> tuple[ModelRunner, ModelRunner]:
     return lean, walk
 
 
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def num_threads(request):
+    """Both ways the stack runs: on the calling thread alone, and as one team of threads for the forward."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
 @needs_kernel
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_lean_equals_transformers_walk_bitwise(tiny_target, dtype):
+def test_lean_equals_transformers_walk_bitwise(tiny_target, dtype, num_threads):
     lean, walk = runners(tiny_target, dtype)
     caches = [r.new_cache(16) for r in (lean, walk)]
     steps = [[3, 1, 4, 1, 5, 9, 2, 6, 5, 3], [5], [8, 9, 7], [9, 3, 2, 3, 8, 4, 6, 2, 6, 4, 3, 3, 8, 3, 2, 7, 9]]
@@ -47,7 +56,7 @@ def test_lean_equals_transformers_walk_bitwise(tiny_target, dtype):
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rows_of_a_verify_equal_one_token_steps_bitwise(tiny_target, dtype):
+def test_rows_of_a_verify_equal_one_token_steps_bitwise(tiny_target, dtype, num_threads):
     lean, _ = runners(tiny_target, dtype)
     prompt, drafts = [3, 1, 4, 1, 5, 9], [2, 6, 5, 3, 5, 8, 9, 7]
     many = lean.new_cache(32)
@@ -61,7 +70,7 @@ def test_rows_of_a_verify_equal_one_token_steps_bitwise(tiny_target, dtype):
 
 
 @needs_kernel
-def test_batched_forward_equals_walk_and_each_sequence_alone(tiny_target):
+def test_batched_forward_equals_walk_and_each_sequence_alone(tiny_target, num_threads):
     lean, walk = runners(tiny_target, torch.float32)
     ids = torch.tensor([[3, 1, 4, 1], [5, 9, 2, 6]])
     caches = [r.new_cache(16) for r in (lean, walk)]
@@ -113,3 +122,23 @@ def test_lean_close_to_torch_kernels_on_smollm(smol_path):
     (la, _), (lb, _) = (r.forward(ids, r.new_cache(32)) for r in (lean, plain))
     torch.testing.assert_close(la, lb, rtol=1e-3, atol=2e-3)
     assert torch.equal(la.argmax(-1), lb.argmax(-1))
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_team_of_threads_gives_the_one_thread_bits_on_smollm(smol_path, dtype):
+    """SmolLM2's real shapes (9 heads over 3 kv heads, 576 wide): the forward split over a team of two
+    threads (products by tiles, attention by units, norms by rows) is bitwise the forward on one thread."""
+    lean = ModelRunner(load_model(smol_path, dtype).model)
+    steps = [[1, 504, 3458, 282, 4195, 314, 260, 1345, 30, 2], [17], [28, 351, 1345, 30, 2, 9, 12]]
+    results = []
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            cache = lean.new_cache(64)
+            results.append([lean.forward(ids, cache) for ids in steps])
+    finally:
+        torch.set_num_threads(before)
+    for (la, ha), (lb, hb) in zip(*results):
+        assert torch.equal(la, lb) and torch.equal(ha, hb)
