@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "parts.h"
+#include "team_barrier.h"
 
 namespace {
 
@@ -98,9 +99,10 @@ class LeanStack {
   // hidden [B, n, H] (the embeddings); store [layers, 2, B, kv_heads, capacity, d]; the new entries go to
   // columns [start, start + n); cos / sin [B, n, d]; mask: float32 additive [B|1, 1, n, start + n] or None
   // (causal). Returns [final-normed hidden [B, n, H], the hidden states after each layer in `keep`
-  // (hidden_states indices: k = after k layers)].
+  // (hidden_states indices: k = after k layers)]. threads: the team's size (1: this thread alone; 0: torch's).
   std::vector<torch::Tensor> forward(torch::Tensor hidden, torch::Tensor store, int64_t start, torch::Tensor cos,
-                                     torch::Tensor sin, c10::optional<torch::Tensor> mask, std::vector<int64_t> keep) {
+                                     torch::Tensor sin, c10::optional<torch::Tensor> mask, std::vector<int64_t> keep,
+                                     int64_t threads) {
     TORCH_CHECK(hidden.dim() == 3 && hidden.is_contiguous() && cos.is_contiguous() && sin.is_contiguous() &&
                     store.is_contiguous() && store.dim() == 6 && store.size(0) == (int64_t)layers_.size() &&
                     store.size(2) == hidden.size(0) && start + hidden.size(1) <= store.size(4) &&
@@ -138,7 +140,7 @@ class LeanStack {
       p.args.m_i = m.stride(2);
       p.args.m_j = m.stride(3);
     }
-    const int64_t threads = at::get_num_threads();
+    if (threads <= 0) threads = at::get_num_threads();
     if (threads > 1 && !omp_in_parallel()) {
       // One team for the whole forward: the pool wakes once, not once per product (~150 times).
 #pragma omp parallel num_threads(threads)
@@ -159,6 +161,7 @@ class LeanStack {
     int64_t B, n, start, capacity;
     torch::Tensor hidden, store, cos, sin, xs, h, normed, qkv, attn, gate_up, act, gate, up, out;
     specdec_parts::AttendArgs args;
+    specdec_team::Barrier barrier;
   };
 
   // Part `part` of `parts` of every layer. Products and attention are split between the parts, norms,
@@ -174,16 +177,17 @@ class LeanStack {
     char* const xs = static_cast<char*>(p.xs.data_ptr());
     char* const store = static_cast<char*>(p.store.data_ptr());
     specdec_parts::AttendArgs args = p.args;
+    p.barrier.set_parts(parts);
     for (size_t l = 0; l < layers_.size(); ++l) {
       const Layer& w = layers_[l];
       void* const y = xs + l * M * hidden_ * elem;
       char* const keys = store + l * p.store.stride(0) * elem;
       char* const values = keys + p.store.stride(1) * elem;
       rmsnorm_part(p.bf16, x, w.input_norm.data_ptr(), p.normed.data_ptr(), M, hidden_, eps_, part, parts);
-#pragma omp barrier
+      p.barrier.wait();
       rowgemm_part(p.bf16, p.normed.data_ptr(), M, hidden_, w.qkv.data_ptr(), w.qkv.size(0), width,
                    p.qkv.data_ptr(), false, part, parts);
-#pragma omp barrier
+      p.barrier.wait();
       if (p.bf16)
         rotate_rows<at::BFloat16>(p.qkv.data_ptr<at::BFloat16>(), width, p.n, heads_, kv_heads_, d_, k_col_, v_col_,
                                   p.cos.data_ptr<at::BFloat16>(), p.sin.data_ptr<at::BFloat16>(),
@@ -195,31 +199,32 @@ class LeanStack {
                            reinterpret_cast<float*>(values), p.capacity, p.start, row0, row1);
       args.k = keys;
       args.v = values;
-#pragma omp barrier
+      p.barrier.wait();
       attend_part(p.bf16, args, part, parts);
-#pragma omp barrier
+      p.barrier.wait();
       rowgemm_part(p.bf16, p.attn.data_ptr(), M, heads_ * d_, w.o.data_ptr(), w.o.size(0), hidden_, p.h.data_ptr(),
                    false, part, parts);
-#pragma omp barrier
+      p.barrier.wait();
       add_rows(p.bf16, x, p.h.data_ptr(), hidden_, row0, row1);  // h = attention + residual, by this part's rows,
       rmsnorm_part(p.bf16, p.h.data_ptr(), w.post_norm.data_ptr(), p.normed.data_ptr(), M, hidden_, eps_, part,
                    parts);                                          // then normed by the same rows
-#pragma omp barrier
+      p.barrier.wait();
       rowgemm_part(p.bf16, p.normed.data_ptr(), M, hidden_, w.gate_up.data_ptr(), w.gate_up.size(0), wgu,
                    p.gate_up.data_ptr(), false, part, parts);
-#pragma omp barrier
+      p.barrier.wait();
       if (part == 0) {
         at::silu_out(p.act, p.gate);
         p.act.mul_(p.up);
       }
-#pragma omp barrier
+      p.barrier.wait();
       rowgemm_part(p.bf16, p.act.data_ptr(), M, inter_, w.down.data_ptr(), w.down.size(0), hidden_, y, false, part,
                    parts);
-#pragma omp barrier
+      p.barrier.wait();
       add_rows(p.bf16, p.h.data_ptr(), y, hidden_, row0, row1);  // the next norm reads only these rows
       x = y;
     }
     rmsnorm_part(p.bf16, x, final_norm_.data_ptr(), p.out.data_ptr(), M, hidden_, eps_, part, parts);
+    p.barrier.wait();  // arrive together at OpenMP's own barrier, which sleeps at once under PASSIVE
   }
 
   std::vector<Layer> layers_;

@@ -15,6 +15,7 @@ graph forwards) stays on transformers' walk, the reason logged once per model.
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -22,6 +23,7 @@ from specdec.kernels import attention
 from specdec.kernels.build import load_kernel
 from specdec.kernels.linear import FusedRMSNorm, KernelChoice, PackedLinear
 from specdec.kernels.packing import TILE
+from specdec.kernels.team import TeamPolicy
 from specdec.models.static_cache import StaticKVCache
 
 log = logging.getLogger(__name__)
@@ -74,6 +76,7 @@ class LeanForward:
     def __init__(self, model: torch.nn.Module, decoder: torch.nn.Module):
         config = model.config
         self.decoder = decoder
+        self.team = TeamPolicy()  # one thread or all of torch's, by measured cost
         first = decoder.layers[0].self_attn
         self.head_dim = first.head_dim
         self.num_heads = first.q_proj.out_features // self.head_dim
@@ -113,7 +116,11 @@ class LeanForward:
         mask = None
         if attn_bias is not None:
             mask = attn_bias[..., :start + n].to(torch.float32).expand(batch, 1, n, start + n)
-        out = self.stack.forward(embeds, cache.store, start, cos, sin, mask, list(keep))
+        num_rows = batch * n
+        threads = self.team.threads(num_rows, torch.get_num_threads())
+        began = time.perf_counter()
+        out = self.stack.forward(embeds, cache.store, start, cos, sin, mask, list(keep), threads)
+        self.team.record(num_rows, threads, time.perf_counter() - began)
         cache.length = start + n  # every layer has written: the entries are in
         return out[0], dict(zip(keep, out[1:]))
 
