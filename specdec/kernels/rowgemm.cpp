@@ -276,16 +276,3 @@ void specdec_parts::rowgemm_part(bool bf16, const void* x, int64_t M, int64_t K,
 }
 
 int64_t cpu_isa() { return best_isa(); }
-
-torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, c10::optional<torch::Tensor> mask,
-                     double scale);  // attention.cpp
-torch::Tensor rmsnorm(torch::Tensor x, torch::Tensor weight, double eps);  // norm.cpp
-void bind_lean(pybind11::module& m);  // layer.cpp: LeanStack
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rowgemm", &rowgemm, "y[M, N] = x[M, K] @ W[N, K]^T over packed weights, row-invariant");
-  m.def("attend", &attend, "row-invariant attention: q [B, H, n, d], k / v [B, kv_heads, L, d] -> [B, n, H, d]");
-  m.def("rmsnorm", &rmsnorm, "RMSNorm row by row: x [..., H], weight [H] -> like x");
-  m.def("cpu_isa", &cpu_isa, "0 scalar, 1 AVX2, 2 AVX-512, 3 AVX-512 with BF16");
-  bind_lean(m);
-}

@@ -1,0 +1,17 @@
+// The extension's Python module: the kernels' tensor entry points and the lean forward's class.
+#include <torch/extension.h>
+
+torch::Tensor rowgemm(torch::Tensor x, torch::Tensor packed, int64_t n_out, int64_t isa, bool out_fp32);  // rowgemm.cpp
+int64_t cpu_isa();                                                                                        // rowgemm.cpp
+torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, c10::optional<torch::Tensor> mask,
+                     double scale);                                       // attention.cpp
+torch::Tensor rmsnorm(torch::Tensor x, torch::Tensor weight, double eps);  // norm.cpp
+void bind_lean(pybind11::module& m);                                      // layer.cpp: LeanStack
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rowgemm", &rowgemm, "y[M, N] = x[M, K] @ W[N, K]^T over packed weights, row-invariant");
+  m.def("attend", &attend, "row-invariant attention: q [B, H, n, d], k / v [B, kv_heads, L, d] -> [B, n, H, d]");
+  m.def("rmsnorm", &rmsnorm, "RMSNorm row by row: x [..., H], weight [H] -> like x");
+  m.def("cpu_isa", &cpu_isa, "0 scalar, 1 AVX2, 2 AVX-512, 3 AVX-512 with BF16");
+  bind_lean(m);
+}
