@@ -31,6 +31,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
                    help="eagle3: constant after warm-up, or cosine decay to 5%% of the peak over this sitting's "
                         "budget (for the sitting that ends a run)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="eagle3: peak learning rate (default: the recipe's 8e-4); a lower one suits a short sitting "
+                        "resumed from a run whose rate had already decayed")
     p.add_argument("--cached-only", action="store_true",
                    help="eagle3: train on the shards already cached, skipping (not generating) the others")
     p.add_argument("--shards", default=None,
@@ -56,8 +59,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.minutes <= 0 or args.steps < 0:
         raise InvalidArgument("--minutes must be > 0 and --steps >= 0")
-    if (args.resume or args.cached_only or args.lr_schedule != "constant") and args.recipe != "eagle3":
-        raise InvalidArgument("--resume, --cached-only and --lr-schedule apply to the eagle3 recipe only")
+    if (args.resume or args.cached_only or args.lr_schedule != "constant" or args.lr is not None) \
+            and args.recipe != "eagle3":
+        raise InvalidArgument("--resume, --cached-only, --lr-schedule and --lr apply to the eagle3 recipe only")
+    if args.lr is not None and not args.lr > 0:
+        raise InvalidArgument("--lr must be > 0")
     if args.max_new_tokens <= 0:
         raise InvalidArgument("--max-new-tokens must be > 0")
     torch.set_num_threads(max(args.threads, 1))
@@ -125,12 +131,17 @@ def train(recipe: str, fs, target, budget, out: Path, seed: int, extra: dict) ->
     return train_draft(fs, target, DraftRecipe(seed=seed), budget, out, extra)
 
 
+def peak_of(sitting: dict) -> str:
+    """' from <peak>' for a sitting that recorded its peak learning rate (sittings of older runs did not)."""
+    return f" from {sitting['peak_lr']:g}" if "peak_lr" in sitting else ""
+
+
 def write_readme(out: Path, recipe: str, summary: dict) -> None:
     record = json.loads((out / "recipe.json").read_text())
     history = summary.get("sitting_history") or []
     if len(history) > 1:  # a resumed run: each sitting's command, steps and learning-rate schedule
         made = ["Trained in sittings:", ""] + [f"{h['sitting']}. `{h['command']}`: {h['steps']} steps, {h['minutes']} min, "
-                                              f"{h['lr_schedule']} learning rate, {h['num_train_tokens']} tokens"
+                                              f"{h['lr_schedule']} learning rate{peak_of(h)}, {h['num_train_tokens']} tokens"
                                               for h in history]
     else:
         made = [f"Trained by: `{record.get('command') or 'specdec train ' + recipe}`", "",

@@ -34,7 +34,9 @@ def run_eagle3(args, target, root: Path) -> int:
     out = Path(args.out or "specdec-eagle3")
     extra = {"target": str(target.path), "feature_shards": [s.__dict__ for s in shards],
              "num_feature_tokens": len(fs.ids), "num_feature_seqs": fs.num_seqs}
-    summary = train_eagle3(fs, target.model, Eagle3Recipe(seed=args.seed, lr_schedule=args.lr_schedule), Budget(args.minutes, args.steps), out,
+    recipe = Eagle3Recipe(seed=args.seed, lr_schedule=args.lr_schedule,
+                          **({} if getattr(args, "lr", None) is None else {"lr": args.lr}))
+    summary = train_eagle3(fs, target.model, recipe, Budget(args.minutes, args.steps), out,
                            resume=args.resume, extra=extra, feature_layers=layers)
     write_readme(out, "eagle3", summary)
     print(json.dumps({"out": str(out), **summary}, indent=1, default=str))

@@ -160,6 +160,7 @@ def train_eagle3(fs: FeatureSet, model, recipe: Eagle3Recipe, budget: Budget, ou
     progress.setdefault("history", []).append({
         "sitting": progress["sittings"], "command": command_line(), "steps": progress["step"] - start_step,
         "minutes": round((progress["train_s"] - start_s) / 60, 1), "lr_schedule": recipe.lr_schedule,
+        "peak_lr": recipe.lr,
         "num_train_tokens": len(train.ids), "heldout_top1_by_depth": [round(a, 4) for a in accuracy]})
     save_state()
     head.eval()

@@ -37,12 +37,14 @@ def test_train_resumes_and_records_the_recipe(tiny_deep_chat_target, tmp_path):
     assert (progress["epoch"], progress["position"]) != position  # the data position moved on
     # a third sitting adds a shard: the held-out sequences stay the first sitting's (none of them trained on)
     more = [*common[:3], "0:3:2,1:3:1,2:3:1", *common[4:]]
-    assert main(["train", "eagle3", "--steps", "1", "--resume", "--lr-schedule", "cosine", *more]) == 0
+    assert main(["train", "eagle3", "--steps", "1", "--resume", "--lr-schedule", "cosine", "--lr", "2e-4", *more]) == 0
     assert torch.load(out / "train_state.pt", weights_only=False)["heldout_seqs"] == state["heldout_seqs"]
     third = json.loads((out / "recipe.json").read_text())
     assert third["num_feature_tokens"] > second["num_feature_tokens"]
     assert third["config"]["lr_schedule"] == "cosine" and third["result"]["sitting_history"][-1]["steps"] == 1
+    assert third["config"]["lr"] == 2e-4 and third["result"]["sitting_history"][-1]["peak_lr"] == 2e-4
     assert "3. `" in (out / "README.md").read_text()  # the README lists every sitting's command
+    assert "cosine learning rate from 0.0002" in (out / "README.md").read_text()
     greedy = SamplingParams(max_new_tokens=12, ignore_eos=True)
     want = Engine.from_pretrained(target=str(tiny_deep_chat_target)).generate([1, 2, 3, 4], greedy).token_ids
     engine = Engine.from_pretrained(target=str(tiny_deep_chat_target), drafter="eagle3", draft=str(out))
@@ -66,7 +68,8 @@ def test_cosine_schedule_decays_over_the_sitting_and_warms_up_once():
 
 @pytest.mark.parametrize("args", [["train", "eagle", "--resume"], ["train", "draft", "--lr-schedule", "cosine"], ["train", "draft", "--cached-only"],
                                   ["train", "eagle3", "--minutes", "0"], ["train", "eagle3", "--max-new-tokens", "0"],
-                                  ["train", "eagle3", "--shards", "x:y"]])
+                                  ["train", "eagle3", "--shards", "x:y"], ["train", "medusa", "--lr", "1e-4"],
+                                  ["train", "eagle3", "--lr", "0"]])
 def test_bad_arguments_exit_2(args, capsys):
     assert main(args) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
