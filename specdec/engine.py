@@ -66,6 +66,7 @@ class Engine:
         self.config = config
         self.max_len = getattr(target.model.config, "max_position_embeddings", None) or 1 << 30
         self.eos_ids = self._eos_ids()
+        self.last_policy: SpeculationPolicy | None = None  # the last finished generation's
 
     @classmethod
     def from_pretrained(cls, target: str | None = None, drafter: str = "none", draft: str | None = None,
@@ -151,6 +152,8 @@ class Engine:
             raise InvalidArgument("stop strings need a model with a tokenizer")
         session = self.drafter.new_session() if self.drafter is not None else None
         policy = self.new_policy(load_aware=False)  # one sequence: its own depth choice decides
+        if self.last_policy is not None:
+            policy.continue_from(self.last_policy)
         policy.add("0")
         pool = BatchCache(self.runner)
         start = time.perf_counter()
@@ -179,6 +182,8 @@ class Engine:
                                 time.perf_counter() - start, draft_s, verify_s, seq.prefill_s, num_drafts,
                                 tuple(accepted_per_pos))
         output = GenerationOutput(list(seq.generated_ids), seq.text.text, stats, seq.finish_reason, prompt_ids)
+        policy.remove("0")
+        self.last_policy = policy  # the next generation starts from its costs and acceptance
         if hasattr(session, "close"):  # drafters that learn from finished generations (suffix) keep this one
             session.close(seq.context, len(prompt_ids))
         yield StreamEvent(step.text, step.token_ids, output)
