@@ -170,6 +170,10 @@ class SuffixDrafter:
 
     def __init__(self, config: SuffixConfig = SuffixConfig()):
         self.config = config
+        # The engine's depth where none is asked for: its trees are sized by their nodes' scores against
+        # their cost (specdec.policy.depth), so the depth need not bound them below the node budget: a
+        # sure verbatim copy may fill the whole budget as one chain.
+        self.default_depth = config.num_nodes
         self.store = SuffixStore(config.max_depth, config.global_tokens) if config.global_tokens else None
 
     def new_session(self) -> SuffixSession:
