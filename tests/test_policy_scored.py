@@ -134,7 +134,8 @@ def test_scores_are_checked():
 
 def test_a_new_sequence_starts_from_the_last_ones_costs():
     """The machine's step costs carry over (no plain step to measure them again); acceptance and the
-    calibration come as priors, not as the last sequence's full weight."""
+    calibration come as priors, not as the last sequence's full weight; a carried row cost is a guess
+    that the sequence's own first step of that size replaces."""
     earlier = new_policy()
     tree = chain_with_siblings(8, sure=0.95, unsure=0.3)
     run(earlier, tree, lambda cut: min(chain_accepted(cut), 4), 30)
@@ -149,6 +150,25 @@ def test_a_new_sequence_starts_from_the_last_ones_costs():
     assert later.plan("s", 64, scored=True).depth == 8  # drafts at once
     fresh = new_policy()
     assert fresh.plan("s", 64, scored=True).depth == 0  # a first generation measures a plain step first
+    rows = max(seq.row_costs.means)
+    seq.record(8, 8, 5.0, tuple([0.5] * (rows - 1)))  # a load spike is this sequence's own measurement...
+    seq.record(8, 8, 0.02, tuple([0.5] * (rows - 1)))
+    assert seq.row_costs.means[rows] == pytest.approx(0.9 * 5.0 + 0.1 * 0.02)  # ...and decays as usual
+
+
+def test_a_load_spike_in_one_sequence_does_not_stop_the_next_from_drafting():
+    """Prompt lookup's chain model: speculative steps of one sequence measured 20x a plain step (a
+    passing spike) make it stop drafting; the next sequence keeps only the plain step time, and
+    drafts (a short probe) at once to measure speculative steps afresh."""
+    policy = new_policy()
+    seq = policy.seqs["s"]
+    seq.record(0, 0, T_PLAIN)
+    for _ in range(10):
+        seq.record(2, 2, 20 * T_PLAIN)
+    assert seq.depth() == 0
+    policy.remove("s")
+    policy.add("t")
+    assert policy.plan("t", 64).depth == 2 and policy.seqs["t"].t_plain == T_PLAIN
 
 
 def test_random_cuts_of_scored_trees_stay_valid_trees():

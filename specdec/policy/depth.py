@@ -94,6 +94,7 @@ class DepthController:
     probe_interval: int = 0
     calibration: Calibration = field(default_factory=Calibration)
     row_costs: CostTable | None = None  # scored steps: seconds per verified row count (root included)
+    guessed_rows: set[int] = field(default_factory=set)  # row counts whose cost came from an earlier sequence
     probe_gain: float | None = None  # a scored probe's expected tokens (1 + its nodes' probabilities)
 
     def __post_init__(self) -> None:
@@ -117,15 +118,20 @@ class DepthController:
         return (1 - alpha ** (k + 1)) / (1 - alpha) / self.step_cost(k)
 
     def carry_over(self, acceptance: Acceptance) -> DepthController:
-        """A new sequence's controller that starts from this one's step costs (the machine's, not
-        the sequence's: no plain step and short probe to learn them again) and, as a prior worth
-        PRIOR_TOKENS, its calibration; acceptance: the new sequence's prior."""
-        scale = self.calibration.scale
-        new = DepthController(self.config, acceptance, self.t_plain, list(self.fit),
-                              calibration=Calibration(PRIOR_TOKENS * scale, PRIOR_TOKENS))
+        """A new sequence's controller that starts from this one's plain step time (the machine's,
+        not the sequence's: no plain step to measure it again), its calibration as a prior worth
+        PRIOR_TOKENS, and its row costs as first guesses; acceptance: the new sequence's prior.
+
+        The line fitted to speculative steps is not carried: measured under a passing load spike it
+        can say drafting never pays, and then only rare probes correct it, in every later sequence
+        too (prompt lookup in the workload bench stopped drafting so). Row costs are carried, each
+        replaced outright by the sequence's first step of that size, not averaged in."""
+        new = DepthController(self.config, acceptance, self.t_plain,
+                              calibration=Calibration(PRIOR_TOKENS * self.calibration.scale, PRIOR_TOKENS))
         if self.row_costs is not None:
             new.row_costs = CostTable(self.row_costs.decay)
             new.row_costs.means.update(self.row_costs.means)
+            new.guessed_rows = set(self.row_costs.means) - {1}
         return new
 
     def depth(self) -> int:
@@ -181,7 +187,11 @@ class DepthController:
                 self.row_costs = CostTable(d)
                 if self.t_plain is not None:
                     self.row_costs.means[1] = self.t_plain
-            self.row_costs.record(len(scores) + 1, step_s)
+            rows = len(scores) + 1
+            if rows in self.guessed_rows:  # this sequence's own measurement replaces the guess
+                self.guessed_rows.discard(rows)
+                del self.row_costs.means[rows]
+            self.row_costs.record(rows, step_s)
         if self.t_plain is not None:
             k, y = float(depth if scores is None else len(scores)), step_s - self.t_plain
             self.fit = [d * s + v for s, v in zip(self.fit, (1.0, k, k * k, y, k * y))]
