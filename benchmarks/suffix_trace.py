@@ -151,14 +151,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workloads", nargs="*", default=None, help="workload names (default: every greedy one)")
     p.add_argument("--max-new-tokens", type=int, default=160)
-    p.add_argument("--depth", type=int, default=8, help="the draft depth (with --adaptive: the most)")
+    p.add_argument("--depth", type=int, default=None,
+                   help="the draft depth (with --adaptive: the most; default: the drafter's own, as in the engine)")
     p.add_argument("--adaptive", action="store_true", help="the policy's adaptive depth, timed by --row-costs")
     p.add_argument("--row-costs", default=ROW_COSTS, help=f"rows:seconds,... of a verify forward (default {ROW_COSTS})")
     p.add_argument("--steps", action="store_true", help="print every step of the prompts shown")
     p.add_argument("--show", nargs="*", default=None, help="with --steps: only these prompt ids")
     p.add_argument("--config", default="{}", help="SuffixConfig fields as JSON")
     args = p.parse_args()
-    if args.max_new_tokens < 1 or args.depth < 1:
+    if args.max_new_tokens < 1 or (args.depth is not None and args.depth < 1):
         p.error("--max-new-tokens and --depth must be >= 1")
     try:
         config = SuffixConfig(**json.loads(args.config))
@@ -169,6 +170,7 @@ def main() -> None:
         p.error(str(exc))  # one line, exit code 2
     prompt_ids, answers, tokenizer = plain_answers(prompts, args.max_new_tokens)
     drafter = SuffixDrafter(config)
+    depth = args.depth or drafter.default_depth
     totals: dict[str, dict] = {}
     policy = None
     for prompt, ids, answer in zip(prompts, prompt_ids, answers):
@@ -183,7 +185,7 @@ def main() -> None:
 
         if show:
             print(f"== {prompt.prompt_id}")
-        r = replay(drafter, ids, answer, args.depth, trace if show else None, costs, policy)
+        r = replay(drafter, ids, answer, depth, trace if show else None, costs, policy)
         policy = r["policy"]
         print(f"{prompt.workload:14} {prompt.prompt_id:28} tau {r['tokens'] / r['steps']:.2f}  "
               f"drafted {r['drafted'] / r['steps']:.0%}  accepted/drafted step {r['accepted'] / max(r['drafted'], 1):.2f}  "

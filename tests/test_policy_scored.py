@@ -154,6 +154,11 @@ def test_a_new_sequence_starts_from_the_last_ones_costs():
     seq.record(8, 8, 5.0, tuple([0.5] * (rows - 1)))  # a load spike is this sequence's own measurement...
     seq.record(8, 8, 0.02, tuple([0.5] * (rows - 1)))
     assert seq.row_costs.means[rows] == pytest.approx(0.9 * 5.0 + 0.1 * 0.02)  # ...and decays as usual
+    unmeasured = set(seq.guessed_rows)
+    later.remove("s")
+    later.add("u")  # guesses the last sequence never replaced are not passed on
+    assert unmeasured and not unmeasured & set(later.seqs["u"].row_costs.means)
+    assert rows in later.seqs["u"].row_costs.means
 
 
 def test_a_load_spike_in_one_sequence_does_not_stop_the_next_from_drafting():

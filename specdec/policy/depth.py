@@ -124,14 +124,17 @@ class DepthController:
 
         The line fitted to speculative steps is not carried: measured under a passing load spike it
         can say drafting never pays, and then only rare probes correct it, in every later sequence
-        too (prompt lookup in the workload bench stopped drafting so). Row costs are carried, each
-        replaced outright by the sequence's first step of that size, not averaged in."""
+        too (prompt lookup in the workload bench stopped drafting so). Row costs this sequence
+        measured itself are carried as guesses, each replaced outright by the new sequence's first
+        step of that size; a guess it never replaced is not passed on, so a cost measured in a
+        spike cannot keep trees of its size out of every later sequence."""
         new = DepthController(self.config, acceptance, self.t_plain,
                               calibration=Calibration(PRIOR_TOKENS * self.calibration.scale, PRIOR_TOKENS))
         if self.row_costs is not None:
             new.row_costs = CostTable(self.row_costs.decay)
-            new.row_costs.means.update(self.row_costs.means)
-            new.guessed_rows = set(self.row_costs.means) - {1}
+            new.row_costs.means.update({rows: seconds for rows, seconds in self.row_costs.means.items()
+                                        if rows not in self.guessed_rows})
+            new.guessed_rows = set(new.row_costs.means) - {1}
         return new
 
     def depth(self) -> int:
