@@ -133,8 +133,8 @@ def test_scores_are_checked():
 
 
 def test_a_new_sequence_starts_from_the_last_ones_costs():
-    """The machine's step costs carry over (no plain step to measure them again); acceptance and the
-    calibration come as priors, not as the last sequence's full weight; a carried row cost is a guess
+    """The machine's step costs carry over (no plain step to measure them again); the
+    calibration comes as a prior, not with the last sequence's full weight; a carried row cost is a guess
     that the sequence's own first step of that size replaces."""
     earlier = new_policy()
     tree = chain_with_siblings(8, sure=0.95, unsure=0.3)

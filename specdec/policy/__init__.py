@@ -66,7 +66,7 @@ class SpeculationPolicy:
 
     def add(self, key: str) -> None:
         if self.learned is not None:
-            self.seqs[key] = self.learned.carry_over(self.pool.prior())
+            self.seqs[key] = self.learned.carry_over(self.depth_config, self.pool.prior())
         else:
             self.seqs[key] = DepthController(self.depth_config, self.pool.prior())
 
@@ -77,10 +77,9 @@ class SpeculationPolicy:
             self.learned = seq
 
     def continue_from(self, earlier: SpeculationPolicy) -> SpeculationPolicy:
-        """Start from what an earlier policy of the same engine learnt (step costs, the drafter's
-        acceptance and calibration): the engine makes one policy per generation, and the machine
-        does not change between them. Returns self."""
-        self.pool = Acceptance(earlier.pool.accepted, earlier.pool.rejections)
+        """Start from the step costs (and the drafter's calibration) an earlier policy of the same
+        engine learnt: the engine makes one policy per generation, and the machine does not change
+        between them. Acceptance is not carried: a new prompt's starts neutral, as before. Returns self."""
         self.learned = earlier.learned
         return self
 

@@ -117,10 +117,10 @@ class DepthController:
         alpha = min(self.alpha, 0.999)
         return (1 - alpha ** (k + 1)) / (1 - alpha) / self.step_cost(k)
 
-    def carry_over(self, acceptance: Acceptance) -> DepthController:
+    def carry_over(self, config: DepthConfig, acceptance: Acceptance) -> DepthController:
         """A new sequence's controller that starts from this one's plain step time (the machine's,
         not the sequence's: no plain step to measure it again), its calibration as a prior worth
-        PRIOR_TOKENS, and its row costs as first guesses; acceptance: the new sequence's prior.
+        PRIOR_TOKENS, and its row costs as first guesses; config and acceptance: the new sequence's.
 
         The line fitted to speculative steps is not carried: measured under a passing load spike it
         can say drafting never pays, and then only rare probes correct it, in every later sequence
@@ -128,7 +128,7 @@ class DepthController:
         measured itself are carried as guesses, each replaced outright by the new sequence's first
         step of that size; a guess it never replaced is not passed on, so a cost measured in a
         spike cannot keep trees of its size out of every later sequence."""
-        new = DepthController(self.config, acceptance, self.t_plain,
+        new = DepthController(config, acceptance, self.t_plain,
                               calibration=Calibration(PRIOR_TOKENS * self.calibration.scale, PRIOR_TOKENS))
         if self.row_costs is not None:
             new.row_costs = CostTable(self.row_costs.decay)
