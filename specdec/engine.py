@@ -32,16 +32,20 @@ from specdec.batch_cache import BatchCache
 Prompt = str | list[int] | list[dict]
 
 
+DEFAULT_DEPTH = 8  # the most draft tokens per step where neither the caller nor the drafter says otherwise
+
+
 @dataclass(frozen=True)
 class EngineConfig:
-    num_speculative_tokens: int = 8  # the most draft tokens (tree depth) per step
+    # The most draft tokens (tree depth) per step; None: the drafter's `default_depth`, else DEFAULT_DEPTH.
+    num_speculative_tokens: int | None = None
     adaptive: bool = True  # follow acceptance and cost (see adaptive.py); False = always the maximum
     max_tree_nodes: int = 64
     policy: PolicyConfig | None = None  # the speculation policy's knobs (None: from the two fields above)
     runner: RunnerConfig = RunnerConfig()  # how the target's (and a draft model's) forwards run: KV cache kind
 
     def __post_init__(self) -> None:
-        if not 1 <= self.num_speculative_tokens <= self.max_tree_nodes:
+        if self.num_speculative_tokens is not None and not 1 <= self.num_speculative_tokens <= self.max_tree_nodes:
             raise InvalidArgument(f"num_speculative_tokens must be in [1, {self.max_tree_nodes}], "
                                   f"got {self.num_speculative_tokens}")
 
@@ -66,10 +70,15 @@ class Engine:
         self.config = config
         self.max_len = getattr(target.model.config, "max_position_embeddings", None) or 1 << 30
         self.eos_ids = self._eos_ids()
+        # A drafter whose cost grows with every level (a draft model, EAGLE) keeps the general default; one
+        # that scores its own nodes (suffix) names its own, as the policy sizes its trees by cost anyway.
+        self.num_speculative_tokens = (config.num_speculative_tokens
+                                       or getattr(drafter, "default_depth", DEFAULT_DEPTH))
+        self.last_policy: SpeculationPolicy | None = None  # the last finished generation's
 
     @classmethod
     def from_pretrained(cls, target: str | None = None, drafter: str = "none", draft: str | None = None,
-                        *, dtype: str = "auto", num_speculative_tokens: int = 8, adaptive: bool = True,
+                        *, dtype: str = "auto", num_speculative_tokens: int | None = None, adaptive: bool = True,
                         tp: int = 1, kv_cache: str = DEFAULT_KV_CACHE, device: str = "auto",
                         cuda_graphs: bool = False, linear_kernel: str = DEFAULT_LINEAR_KERNEL,
                         **drafter_options) -> Engine:
@@ -97,7 +106,7 @@ class Engine:
         """The speculation policy for this engine's sequences (depth, node budget, acceptance)."""
         if self.config.policy is not None:
             return SpeculationPolicy(self.config.policy)
-        return SpeculationPolicy(PolicyConfig(max_depth=self.config.num_speculative_tokens,
+        return SpeculationPolicy(PolicyConfig(max_depth=self.num_speculative_tokens,
                                               adaptive=self.config.adaptive, load_aware=load_aware))
 
     def _eos_ids(self) -> frozenset[int]:
@@ -151,6 +160,8 @@ class Engine:
             raise InvalidArgument("stop strings need a model with a tokenizer")
         session = self.drafter.new_session() if self.drafter is not None else None
         policy = self.new_policy(load_aware=False)  # one sequence: its own depth choice decides
+        if self.last_policy is not None:
+            policy.continue_from(self.last_policy)
         policy.add("0")
         pool = BatchCache(self.runner)
         start = time.perf_counter()
@@ -179,6 +190,8 @@ class Engine:
                                 time.perf_counter() - start, draft_s, verify_s, seq.prefill_s, num_drafts,
                                 tuple(accepted_per_pos))
         output = GenerationOutput(list(seq.generated_ids), seq.text.text, stats, seq.finish_reason, prompt_ids)
+        policy.remove("0")
+        self.last_policy = policy  # the next generation starts from its costs and acceptance
         if hasattr(session, "close"):  # drafters that learn from finished generations (suffix) keep this one
             session.close(seq.context, len(prompt_ids))
         yield StreamEvent(step.text, step.token_ids, output)

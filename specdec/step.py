@@ -172,7 +172,7 @@ def plan_all(policy: SpeculationPolicy, entries: list[Drafting], max_len: int) -
             budgets.append(None)
             continue
         limit = min(e.seq.num_remaining - 1, max_len - len(e.seq.context) - 1)  # never draft past the end
-        budgets.append(policy.plan(e.key, limit))
+        budgets.append(policy.plan(e.key, limit, scored=getattr(e.session, "scores_nodes", False)))
     return budgets
 
 

@@ -36,7 +36,7 @@ class BenchConfig:
     target: str | None = None  # None = the embedded SmolLM2-135M-Instruct
     checkpoints: tuple[tuple[str, str], ...] = ()  # (drafter, dir); unnamed: shipped for the target, else skipped
     dtype: str = "auto"
-    num_speculative_tokens: int = 8
+    num_speculative_tokens: int | None = None  # None: each drafter's own default depth
     adaptive: bool = True
     out_dir: str = "benchmarks/out"
     plots: bool = True
@@ -48,7 +48,7 @@ class BenchConfig:
             raise InvalidArgument(f"modes must be distinct and non-empty, got {self.modes}")
         for mode in self.modes:
             self.mode_config(mode)
-        if not 1 <= self.num_speculative_tokens <= 64:  # EngineConfig's bound, checked before any model loads
+        if self.num_speculative_tokens is not None and not 1 <= self.num_speculative_tokens <= 64:  # EngineConfig's bound, checked before any model loads
             raise InvalidArgument(f"num_speculative_tokens must be in [1, 64], got {self.num_speculative_tokens}")
 
     def mode_config(self, mode: str) -> ModeConfig:

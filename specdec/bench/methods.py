@@ -20,7 +20,7 @@ import torch
 from specdec.core.types import SamplingParams
 from specdec.drafters import DRAFTERS, build_drafter
 from specdec.drafters.trained import shipped_checkpoint
-from specdec.engine import Engine, EngineConfig
+from specdec.engine import DEFAULT_DEPTH, Engine, EngineConfig
 from specdec.errors import InvalidArgument
 from specdec.models.loader import LoadedModel, load_model, random_draft_path
 
@@ -123,9 +123,17 @@ class Method(Protocol):
         ...
 
 
+def depth_text(num_speculative_tokens: int | None) -> str:
+    """A run's depth setting in words, for its report."""
+    if num_speculative_tokens is not None:
+        return str(num_speculative_tokens)
+    return f"each drafter's default ({DEFAULT_DEPTH}; suffix: its node budget, 16)"
+
+
 @dataclass(frozen=True)
 class MethodSettings:
-    num_speculative_tokens: int = 8  # the project's maximum draft depth, and transformers' prompt lookup length
+    # the project's maximum draft depth (None: each drafter's own), and transformers' prompt lookup length
+    num_speculative_tokens: int | None = None
     adaptive: bool = True
     checkpoints: tuple[tuple[str, str], ...] = ()  # (drafter, dir): trained checkpoints named by the user
 
@@ -188,7 +196,7 @@ class TransformersMethod:
         if self.spec.hf_mode == "assisted":
             kwargs["assistant_model"] = self.assistant
         elif self.spec.hf_mode == "lookup":
-            kwargs["prompt_lookup_num_tokens"] = self.settings.num_speculative_tokens
+            kwargs["prompt_lookup_num_tokens"] = self.settings.num_speculative_tokens or DEFAULT_DEPTH
         return kwargs
 
     @torch.inference_mode()

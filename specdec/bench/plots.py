@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specdec.bench.methods import BASELINE
+from specdec.engine import DEFAULT_DEPTH
 from specdec.bench.report import OVERALL
 
 
@@ -21,10 +22,10 @@ def _pyplot():
     return plt
 
 
-def plot_speedup_vs_acceptance(run: dict, methods: list[dict], num_speculative_tokens: int, path: Path) -> Path:
+def plot_speedup_vs_acceptance(run: dict, methods: list[dict], num_speculative_tokens: int | None, path: Path) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 5))
-    k = num_speculative_tokens
+    k = num_speculative_tokens or DEFAULT_DEPTH
     xs = [i / 100 for i in range(100)]
     ax.plot(xs, [(1 - a ** (k + 1)) / (1 - a) for a in xs], "--", color="grey", linewidth=1,
             label=f"bound (1-a^{k + 1})/(1-a)")

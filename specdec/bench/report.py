@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from specdec.bench.methods import BASELINE, MethodSpec
+from specdec.bench.methods import BASELINE, MethodSpec, depth_text
 from specdec.bench.runner import Sample
 
 SCHEMA = "specdec.bench/1"
@@ -107,7 +107,7 @@ def render_markdown(report: dict) -> str:
              f"Target: {settings['target']} ({settings['dtype']}); draft model: {settings['draft_model'] or 'none'}.",
              f"Questions: {settings['num_questions']} ({settings['questions_per_category'] or 'all'} per category), "
              f"first turn, chat template; max {settings['max_new_tokens']} new tokens; "
-             f"up to {settings['num_speculative_tokens']} draft tokens per step.",
+             f"up to {depth_text(settings['num_speculative_tokens'])} draft tokens per step.",
              f"Command: `{report['command']}`", ""]
     for run in report["runs"]:
         results, mode = run["results"], run["mode"]

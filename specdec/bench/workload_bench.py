@@ -39,7 +39,7 @@ class WorkloadBenchConfig:
     target: str | None = None
     checkpoints: tuple[tuple[str, str], ...] = ()
     dtype: str = "auto"
-    num_speculative_tokens: int = 8
+    num_speculative_tokens: int | None = None  # None: each drafter's own default depth
     adaptive: bool = True
     out_dir: str = "benchmarks/out/workloads"
     plots: bool = True
@@ -200,7 +200,7 @@ def run_workload_bench(config: WorkloadBenchConfig) -> tuple[dict, int]:
             samples += _run_prompt(config, index, prompt, ids, runners, bar)
     workloads = list(dict.fromkeys(p.workload for p in prompts))
     names = [s.name for s in specs]
-    results = aggregate(samples, names, workloads, config.num_speculative_tokens)
+    results = aggregate(samples, names, workloads, max(r.engine.num_speculative_tokens for r in runners))
     mismatches = sum(1 for s in samples if s.mismatch)
     report = {
         "schema": "specdec.bench.workloads/1", "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),

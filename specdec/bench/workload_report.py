@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specdec.bench.methods import BASELINE
+from specdec.bench.methods import BASELINE, depth_text
 from specdec.bench.plots import _pyplot
 
 
@@ -26,7 +26,7 @@ def render_markdown(report: dict) -> str:
              f"load average {machine.get('load_average_1m', '?')} at the start; torch {report['versions']['torch']}.",
              f"Target: {settings['target']} ({settings['dtype']}). Prompts: {settings['num_prompts']} "
              f"({settings['per_workload'] or 'all'} per workload, chat template), at most {settings['max_new_tokens']} "
-             f"new tokens, up to {settings['num_speculative_tokens']} draft tokens per step"
+             f"new tokens, up to {depth_text(settings['num_speculative_tokens'])} draft tokens per step"
              f"{', adaptive depth' if settings['adaptive'] else ', fixed depth'}.",
              f"Command: `{report['command']}`", "",
              f"Lossless check (greedy workloads): {report['total_mismatches']} mismatching generations.", "",

@@ -37,7 +37,8 @@ def add_parser(subparsers) -> None:
                    help="a trained checkpoint for medusa, eagle or draft (repeatable); without one, medusa and "
                         "eagle run only where a checkpoint is shipped for the target")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16")
-    p.add_argument("--num-speculative-tokens", type=int, default=8)
+    p.add_argument("--num-speculative-tokens", type=int, default=None,
+                   help="most draft tokens per step (default: each drafter's own; 8, suffix 16)")
     p.add_argument("--no-adaptive", action="store_true", help="always draft the maximum")
     p.add_argument("--workloads", nargs="*", default=None, metavar="WORKLOAD",
                    help="run the workload prompts of benchmarks/workloads/ instead of Spec-Bench (no names = all: "
@@ -82,7 +83,7 @@ def run_workloads(args: argparse.Namespace) -> int:
 
     if args.render_only:
         raise InvalidArgument("--render-only applies to Spec-Bench runs, not --workloads")
-    if args.prompts_per_workload < 0 or args.max_new_tokens < 1 or not 1 <= args.num_speculative_tokens <= 64:
+    if args.prompts_per_workload < 0 or args.max_new_tokens < 1 or not 1 <= (args.num_speculative_tokens or 1) <= 64:
         raise InvalidArgument("need --prompts-per-workload >= 0, --max-new-tokens >= 1 and "
                               "--num-speculative-tokens in [1, 64]")
     config = WorkloadBenchConfig(

@@ -28,11 +28,16 @@ class DraftTree:
     q: [num_nodes, vocab] float, row i = the exact distribution node i's token was drawn from
        (given its parent and its earlier siblings), or None when the drafter picked tokens
        deterministically (q = one-hot). Greedy verification ignores q.
+    scores: [num_nodes] the drafter's own estimate of the probability that node i's whole path is
+       accepted (so their sum is the tokens it expects accepted), or None. A drafter that knows how
+       far to trust each guess (suffix decoding: how long and how frequent its match) says so here,
+       and the speculation policy sizes the tree by it instead of by its one acceptance rate.
     """
 
     token_ids: tuple[int, ...]
     parent_ids: tuple[int, ...]
     q: torch.Tensor | None = None
+    scores: tuple[float, ...] | None = None
 
     @property
     def num_nodes(self) -> int:
@@ -58,6 +63,9 @@ class DraftTree:
                 raise InvalidArgument(f"draft node {i} has token id {token} outside the vocabulary [0, {vocab_size})")
             if not -1 <= parent < i:
                 raise InvalidArgument(f"draft node {i} has parent index {parent}; it must be in [-1, {i})")
+        if self.scores is not None and (len(self.scores) != self.num_nodes
+                                        or not all(0.0 <= s <= 1.0 for s in self.scores)):
+            raise InvalidArgument(f"draft scores must be {self.num_nodes} probabilities in [0, 1]")
         if self.q is not None and tuple(self.q.shape) != (self.num_nodes, vocab_size):
             raise InvalidArgument(f"draft q has shape {tuple(self.q.shape)}, expected ({self.num_nodes}, {vocab_size})")
 

@@ -101,7 +101,13 @@ class SuffixStore:
 
 class SuffixSession:
     """One sequence: its own trie over the committed context (kept in step with every propose by
-    appending, or popping after a rollback), and the drafter's shared store."""
+    appending, or popping after a rollback), and the drafter's shared store.
+
+    Its trees carry each node's blended probability as its score (DraftTree.scores), so the
+    speculation policy lets it draft the whole depth and verifies the nodes worth their cost: a
+    long verbatim match goes deep even where the sequence's acceptance so far is low."""
+
+    scores_nodes = True  # told to the policy before drafting (SpeculationPolicy.plan)
 
     def __init__(self, config: SuffixConfig, store: SuffixStore | None):
         self.config = config
@@ -142,8 +148,8 @@ class SuffixSession:
             return DraftTree.empty()
         longest = max(s.match_len for s in found)
         num_nodes = min(budget, max(1, int(self.config.spec_factor * longest)))
-        tokens, parents, _ = blended_tree(weights(found), max_tokens, num_nodes, self.config.min_token_prob)
-        return DraftTree(tuple(tokens), tuple(parents))
+        tokens, parents, probs = blended_tree(weights(found), max_tokens, num_nodes, self.config.min_token_prob)
+        return DraftTree(tuple(tokens), tuple(parents), scores=tuple(probs))
 
     def close(self, context_ids: list[int], num_prompt_tokens: int) -> None:
         """The generation ended with context_ids (prompt + output): its output joins the drafter's
@@ -164,6 +170,10 @@ class SuffixDrafter:
 
     def __init__(self, config: SuffixConfig = SuffixConfig()):
         self.config = config
+        # The engine's depth where none is asked for: its trees are sized by their nodes' scores against
+        # their cost (specdec.policy.depth), so the depth need not bound them below the node budget: a
+        # sure verbatim copy may fill the whole budget as one chain.
+        self.default_depth = config.num_nodes
         self.store = SuffixStore(config.max_depth, config.global_tokens) if config.global_tokens else None
 
     def new_session(self) -> SuffixSession:

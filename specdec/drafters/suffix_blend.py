@@ -77,12 +77,13 @@ def weights(all_sources: list[Source]) -> list[tuple[float, Source]]:
 
 
 def blended_tree(weighted: list[tuple[float, Source]], max_tokens: int, max_nodes: int,
-                 min_prob: float) -> tuple[list[int], list[int], float]:
-    """(token ids, parent ids, expected accepted tokens): the max_nodes most probable candidates of
-    at most max_tokens tokens, each of probability >= min_prob, every node after its parent."""
+                 min_prob: float) -> tuple[list[int], list[int], list[float]]:
+    """(token ids, parent ids, probabilities): the max_nodes most probable candidates of at most
+    max_tokens tokens, each of probability >= min_prob (that of its whole path under the blend, so
+    never above its parent's), most probable first, every node after its parent."""
     token_ids: list[int] = []
     parent_ids: list[int] = []
-    score = 0.0
+    probs: list[float] = []
     heap: list[tuple] = []
     order = 0
 
@@ -109,6 +110,6 @@ def blended_tree(weighted: list[tuple[float, Source]], max_tokens: int, max_node
         neg_p, _, token, parent, depth, below = heapq.heappop(heap)
         token_ids.append(token)
         parent_ids.append(parent)
-        score -= neg_p
+        probs.append(min(1.0, -neg_p))  # a sum of shares of 1, up to float rounding
         push(below, len(token_ids) - 1, depth)
-    return token_ids, parent_ids, score
+    return token_ids, parent_ids, probs

@@ -62,13 +62,26 @@ class SpeculationPolicy:
         self.seqs: dict[str, DepthController] = {}
         self.planned: dict[str, int] = {}  # key -> node budget fixed before its pending draft was drafted
         self.pool = Acceptance()  # worker-wide acceptance: the prior of new sequences
+        self.learned: DepthController | None = None  # the last finished sequence's: new ones start from its costs
 
     def add(self, key: str) -> None:
-        self.seqs[key] = DepthController(self.depth_config, self.pool.prior())
+        if self.learned is not None:
+            self.seqs[key] = self.learned.carry_over(self.depth_config, self.pool.prior())
+        else:
+            self.seqs[key] = DepthController(self.depth_config, self.pool.prior())
 
     def remove(self, key: str) -> None:
-        self.seqs.pop(key, None)
+        seq = self.seqs.pop(key, None)
         self.planned.pop(key, None)
+        if seq is not None and seq.t_plain is not None:
+            self.learned = seq
+
+    def continue_from(self, earlier: SpeculationPolicy) -> SpeculationPolicy:
+        """Start from the step costs (and the drafter's calibration) an earlier policy of the same
+        engine learnt: the engine makes one policy per generation, and the machine does not change
+        between them. Acceptance is not carried: a new prompt's starts neutral, as before. Returns self."""
+        self.learned = earlier.learned
+        return self
 
     def alpha(self, key: str) -> float:
         seq = self.seqs.get(key)
@@ -86,15 +99,26 @@ class SpeculationPolicy:
             self.planned[key] = nodes
         return nodes
 
-    def plan(self, key: str, limit: int, cap: int | None = None) -> DraftBudget:
+    def scale(self, key: str) -> float:
+        """How far this sequence's drafter's own node scores proved right (1.0 = as scored)."""
+        seq = self.seqs.get(key)
+        return seq.calibration.scale if seq is not None else 1.0
+
+    def plan(self, key: str, limit: int, cap: int | None = None, scored: bool = False) -> DraftBudget:
         """How to draft this sequence's next step; limit: the deepest the sequence allows (tokens
-        left, context room); cap: a node budget announced by the target (draft worker side)."""
+        left, context room); cap: a node budget announced by the target (draft worker side);
+        scored: the drafter scores its own nodes, so it drafts the whole depth and the nodes worth
+        verifying are chosen after drafting (allocate)."""
         nodes = self.announce(key)
         if cap is not None and cap < nodes:
             nodes = cap
             if key in self.seqs:
                 self.planned[key] = nodes
-        own = self.seqs[key].depth() if key in self.seqs else self.depth_config.max_depth
+        seq = self.seqs.get(key)
+        if seq is None or (scored and seq.t_plain is not None):
+            own = self.depth_config.max_depth
+        else:
+            own = seq.depth()
         depth = own if nodes >= NO_CAP else nodes
         depth = max(0, min(depth, self.depth_config.max_depth, limit))
         return DraftBudget(depth, None if nodes >= NO_CAP else nodes)
@@ -103,9 +127,9 @@ class SpeculationPolicy:
         """The trees one forward verifies. sampled[i]: trees[i] was drawn at random (q given and the
         sequence samples): cut only to its planned prefix. Others: cut to the batch's best R."""
         out = [_prefix(t, self.planned.get(k, NO_CAP)) if s else t for k, t, s in zip(keys, trees, sampled)]
-        if not self.batch.config.enabled:  # no batch budget: nothing more to choose (the engine's one sequence)
-            return out
-        orders = [node_order(t, self.alpha(k)) for k, t in zip(keys, out)]
+        if not self.batch.config.enabled:  # no batch budget: scored trees are sized by their own sequence
+            return [t if s else self._own_cut(k, t) for k, t, s in zip(keys, out, sampled)]
+        orders = [node_order(t, self.alpha(k), self.scale(k)) for k, t in zip(keys, out)]
         best = self.batch.choose([[p for _, p in order] for order in orders], len(out))
         return [t if s else keep_nodes(t, [i for i, _ in order[:best]])
                 for t, s, order in zip(out, sampled, orders)]
@@ -121,16 +145,28 @@ class SpeculationPolicy:
         self.batch.record(rows, step_s, sum(len(s.token_ids) for s in steps if s is not None), len(trees))
         for key, tree, step in zip(keys, trees, steps):
             if step is not None:
-                self.observe(key, step.depth if tree.num_nodes else 0, step.num_accepted, verify_s + draft_s)
+                self.observe(key, step.depth if tree.num_nodes else 0, step.num_accepted, verify_s + draft_s,
+                             tree.scores if tree.num_nodes else None)
 
-    def observe(self, key: str, depth: int, num_accepted: int, step_s: float) -> None:
-        """One step of one sequence: depth verified (0 = plain), accepted tokens, its seconds."""
+    def observe(self, key: str, depth: int, num_accepted: int, step_s: float,
+                scores: tuple[float, ...] | None = None) -> None:
+        """One step of one sequence: depth verified (0 = plain), accepted tokens, its seconds, and the
+        verified nodes' own scores where the drafter gave them."""
         seq = self.seqs.get(key)
         if seq is None:
             return
-        seq.record(depth, num_accepted, step_s)
+        seq.record(depth, num_accepted, step_s, scores)
         if depth > 0:
             self.pool.record(depth, min(num_accepted, depth), self.depth_config.decay)
+
+
+    def _own_cut(self, key: str, tree: DraftTree) -> DraftTree:
+        """A scored tree cut to the nodes its sequence's controller finds worth verifying."""
+        seq = self.seqs.get(key)
+        if seq is None or tree.scores is None or not tree.num_nodes:
+            return tree
+        order = node_order(tree, seq.alpha, seq.calibration.scale)
+        return keep_nodes(tree, [i for i, _ in order[:seq.scored_nodes([p for _, p in order])]])
 
 
 def _prefix(tree: DraftTree, num_nodes: int) -> DraftTree:

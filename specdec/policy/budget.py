@@ -155,13 +155,20 @@ class BatchBudget:
             self.steps_since_probe = 0
 
 
-def node_order(tree: DraftTree, alpha: float) -> list[tuple[int, float]]:
-    """(node, P(node)) most likely first; a node comes after its parent and its earlier siblings."""
+def node_order(tree: DraftTree, alpha: float, scale: float = 1.0) -> list[tuple[int, float]]:
+    """(node, P(node)) most likely first; a node comes after its parent (and, unscored, its earlier
+    siblings). P(node): the tree's own scores times `scale` (how far they proved right) where it has
+    them, else the chain model, alpha for the first child and (1 - alpha) less for each later one.
+    A node is never more likely than its parent, so every prefix of the order is a tree."""
     probs, rank, seen = [], [], {}
     for i, parent in enumerate(tree.parent_ids):
+        above = 1.0 if parent < 0 else probs[parent]
+        if tree.scores is not None:
+            probs.append(min(above, scale * tree.scores[i]))
+            continue
         rank.append(seen.get(parent, 0))
         seen[parent] = rank[-1] + 1
-        probs.append((1.0 if parent < 0 else probs[parent]) * alpha * (1 - alpha) ** rank[-1])
+        probs.append(above * alpha * (1 - alpha) ** rank[-1])
     return sorted(enumerate(probs), key=lambda item: (-item[1], item[0]))
 
 
@@ -173,4 +180,5 @@ def keep_nodes(tree: DraftTree, nodes: list[int]) -> DraftTree:
     index = {node: i for i, node in enumerate(nodes)}
     parents = tuple(-1 if tree.parent_ids[n] < 0 else index[tree.parent_ids[n]] for n in nodes)
     q = tree.q[nodes] if tree.q is not None and nodes else None
-    return DraftTree(tuple(tree.token_ids[n] for n in nodes), parents, q)
+    scores = tuple(tree.scores[n] for n in nodes) if tree.scores is not None else None
+    return DraftTree(tuple(tree.token_ids[n] for n in nodes), parents, q, scores)

@@ -11,10 +11,25 @@ a one-token forward (large on CPUs) and `b` the per-token cost of drafting and v
 online by decayed least squares. We pick k in [0, max_depth] maximising E[tokens] / cost. When k = 0
 wins we still probe with a short draft now and then, backing off while probes fail, so a prompt whose
 drafts are always wrong costs only the probes. Everything here depends on the past only.
+
+Scored drafts. One alpha says little about a drafter whose guesses are sometimes sure and sometimes
+not: suffix decoding follows a 30-token verbatim copy and, on the next step, a one-token coincidence.
+Such a drafter scores its own nodes (DraftTree.scores: the probability of each node's path), drafts
+the whole depth, and the controller keeps the nodes worth their cost: the r most likely, r maximising
+(1 + sum of their calibrated scores) / step cost of r nodes. That cost is read from a table of
+measured step seconds per verified row count (specdec.policy.budget.CostTable, as the batch budget
+keeps), not from the line in k: a tree's cost follows its rows, which on CPUs is flat and then
+steep, and a line through wide trees' costs makes one node look as dear as the average one. The
+scores are calibrated against what was accepted (accepted tokens over the tokens the verified
+nodes' scores promised, decayed), so overconfident scores lose their say, and r = 0 (a plain step)
+is probed like k = 0 above. Deciding after drafting is sound: such trees are
+deterministic (specdec.policy: cut freely), and such drafters cheap (discarding a draft costs little).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from specdec.policy.budget import CostTable
 
 
 @dataclass(frozen=True)
@@ -49,6 +64,26 @@ class Acceptance:
         return Acceptance(weight * self.accepted / total, weight * self.rejections / total)
 
 
+PRIOR_TOKENS = 4.0  # the calibration's neutral start, worth about one wide tree's promise
+
+
+@dataclass
+class Calibration:
+    """How far a drafter's own scores proved right: decayed accepted tokens over the tokens the
+    scores of the verified nodes promised (their sum), from a neutral start (scale 1)."""
+
+    accepted: float = PRIOR_TOKENS
+    promised: float = PRIOR_TOKENS
+
+    @property
+    def scale(self) -> float:
+        return self.accepted / self.promised
+
+    def record(self, promised: float, num_accepted: int, decay: float) -> None:
+        self.accepted = decay * self.accepted + num_accepted
+        self.promised = decay * self.promised + promised
+
+
 @dataclass
 class DepthController:
     config: DepthConfig
@@ -57,6 +92,10 @@ class DepthController:
     fit: list[float] = field(default_factory=lambda: [0.0] * 5)  # decayed n, sum k, sum k^2, sum y, sum k y
     steps_since_spec: int = 0
     probe_interval: int = 0
+    calibration: Calibration = field(default_factory=Calibration)
+    row_costs: CostTable | None = None  # scored steps: seconds per verified row count (root included)
+    guessed_rows: set[int] = field(default_factory=set)  # row counts whose cost came from an earlier sequence
+    probe_gain: float | None = None  # a scored probe's expected tokens (1 + its nodes' probabilities)
 
     def __post_init__(self) -> None:
         self.probe_interval = self.probe_interval or self.config.min_probe_interval
@@ -78,6 +117,26 @@ class DepthController:
         alpha = min(self.alpha, 0.999)
         return (1 - alpha ** (k + 1)) / (1 - alpha) / self.step_cost(k)
 
+    def carry_over(self, config: DepthConfig, acceptance: Acceptance) -> DepthController:
+        """A new sequence's controller that starts from this one's plain step time (the machine's,
+        not the sequence's: no plain step to measure it again), its calibration as a prior worth
+        PRIOR_TOKENS, and its row costs as first guesses; config and acceptance: the new sequence's.
+
+        The line fitted to speculative steps is not carried: measured under a passing load spike it
+        can say drafting never pays, and then only rare probes correct it, in every later sequence
+        too (prompt lookup in the workload bench stopped drafting so). Row costs this sequence
+        measured itself are carried as guesses, each replaced outright by the new sequence's first
+        step of that size; a guess it never replaced is not passed on, so a cost measured in a
+        spike cannot keep trees of its size out of every later sequence."""
+        new = DepthController(config, acceptance, self.t_plain,
+                              calibration=Calibration(PRIOR_TOKENS * self.calibration.scale, PRIOR_TOKENS))
+        if self.row_costs is not None:
+            new.row_costs = CostTable(self.row_costs.decay)
+            new.row_costs.means.update({rows: seconds for rows, seconds in self.row_costs.means.items()
+                                        if rows not in self.guessed_rows})
+            new.guessed_rows = set(new.row_costs.means) - {1}
+        return new
+
     def depth(self) -> int:
         """Draft depth for the next step (0 = a plain step)."""
         cfg = self.config
@@ -92,19 +151,58 @@ class DepthController:
             return min(cfg.probe_tokens, cfg.max_depth)
         return best
 
-    def record(self, depth: int, num_accepted: int, step_s: float) -> None:
-        """One step's outcome: depth drafted (0 = plain step), accepted count, draft + verify seconds."""
+    def scored_nodes(self, probs: list[float]) -> int:
+        """How many nodes of a scored tree to verify (0 = a plain step). probs: the calibrated
+        probability of each node, most likely first, each node after its parent."""
+        if not self.config.adaptive:
+            return len(probs)
+        if self.t_plain is None:  # measure one plain step first
+            return 0
+        if self.row_costs is None:  # then the whole draft: what a verified node costs is unknown yet
+            return len(probs)
+        best, best_rate, total = 0, 1.0 / self.t_plain, 1.0
+        for r, p in enumerate(probs, 1):
+            total += p
+            rate = total / self.row_costs.estimate(r + 1)
+            if rate > best_rate:
+                best, best_rate = r, rate
+        self.probe_gain = None
+        if best == 0 and probs and self.steps_since_spec >= self.probe_interval:
+            best = min(self.config.probe_tokens, len(probs))
+            self.probe_gain = 1.0 + sum(probs[:best])
+        return best
+
+    def record(self, depth: int, num_accepted: int, step_s: float, scores: tuple[float, ...] | None = None
+               ) -> None:
+        """One step's outcome: depth drafted (0 = plain step), accepted count, draft + verify seconds;
+        scores: the verified nodes' own scores where the drafter gave them (the fit then counts nodes)."""
         d = self.config.decay
         if depth == 0:
             self.t_plain = step_s if self.t_plain is None else d * self.t_plain + (1 - d) * step_s
+            if self.row_costs is not None:
+                self.row_costs.means[1] = self.t_plain
             self.steps_since_spec += 1
             return
         self.acceptance.record(depth, min(num_accepted, depth), d)
+        if scores is not None:
+            self.calibration.record(sum(scores), num_accepted, d)
+            if self.row_costs is None:
+                self.row_costs = CostTable(d)
+                if self.t_plain is not None:
+                    self.row_costs.means[1] = self.t_plain
+            rows = len(scores) + 1
+            if rows in self.guessed_rows:  # this sequence's own measurement replaces the guess
+                self.guessed_rows.discard(rows)
+                del self.row_costs.means[rows]
+            self.row_costs.record(rows, step_s)
         if self.t_plain is not None:
-            k, y = float(depth), step_s - self.t_plain
+            k, y = float(depth if scores is None else len(scores)), step_s - self.t_plain
             self.fit = [d * s + v for s, v in zip(self.fit, (1.0, k, k * k, y, k * y))]
         if self.steps_since_spec >= self.probe_interval:  # this was a probe
-            paid = self.expected_rate(depth) > 1.0 / self.t_plain
+            if scores is None:
+                paid = self.expected_rate(depth) > 1.0 / self.t_plain
+            else:  # judged, like the batch budget's probes, on expected tokens at the measured cost
+                paid = self.probe_gain is None or self.probe_gain / step_s > 1.0 / self.t_plain
             self.probe_interval = (self.config.min_probe_interval if paid
                                    else min(2 * self.probe_interval, self.config.max_probe_interval))
         self.steps_since_spec = 0

@@ -42,10 +42,10 @@ def test_longer_and_own_matches_are_trusted_more():
 
 def test_shorter_matches_add_the_alternatives_the_longest_one_misses():
     rated = weights(sources(_trie(TEXT), OWN, TEXT, reserve=8))
-    tokens, parents, score = blended_tree(rated, max_tokens=4, max_nodes=16, min_prob=0.0)
+    tokens, parents, probs = blended_tree(rated, max_tokens=4, max_nodes=16, min_prob=0.0)
     assert _root_children(tokens, parents) == [40, 41]  # the long match's continuation first, then the frequent one
     (w_long, _), (w_short, _) = rated
-    assert score >= (w_long + w_short / 4) + 3 * w_short / 4  # the two root candidates' blended probabilities
+    assert sum(probs) >= (w_long + w_short / 4) + 3 * w_short / 4  # the two root candidates' blended probabilities
     # the longest match alone (the rule before blending) would have proposed 40 only
     assert _root_children(*blended_tree(rated[:1], 4, 16, 0.0)[:2]) == [40]
 

@@ -116,13 +116,13 @@ def test_candidate_tree_follows_frequencies_most_likely_first():
             trie.append(token)
         trie.end_sequence()
     one = [(1.0, Source(OWN, 2, trie, trie.find([1, 2])))]  # one source, fully trusted
-    tokens, parents, score = blended_tree(one, max_tokens=4, max_nodes=10, min_prob=0.0)
+    tokens, parents, probs = blended_tree(one, max_tokens=4, max_nodes=10, min_prob=0.0)
     assert tokens == [3, 6, 4, 5] and parents == [-1, -1, 0, 0]  # 2/3, then 1/3 and 1/3, 1/3 in insertion order
-    assert score == pytest.approx(2 / 3 + 1 / 3 + 1 / 3 + 1 / 3)
+    assert probs == pytest.approx([2 / 3, 1 / 3, 1 / 3, 1 / 3])  # each its whole path's probability
     assert all(p < i for i, p in enumerate(parents))
     # a probability floor drops the rare branches; a node budget and a depth bound are honoured
     assert blended_tree(one, 4, 10, min_prob=0.5)[0] == [3]
     assert blended_tree(one, 4, 2, 0.0)[0] == [3, 6]
     assert blended_tree(one, 1, 10, 0.0)[0] == [3, 6]
     # a source's weight scales every probability below it
-    assert blended_tree([(0.5, one[0][1])], 4, 10, 0.0)[2] == pytest.approx(score / 2)
+    assert blended_tree([(0.5, one[0][1])], 4, 10, 0.0)[2] == pytest.approx([p / 2 for p in probs])
