@@ -191,7 +191,7 @@ class Engine:
                                 tuple(accepted_per_pos))
         output = GenerationOutput(list(seq.generated_ids), seq.text.text, stats, seq.finish_reason, prompt_ids)
         policy.remove("0")
-        self.last_policy = policy  # the next generation starts from its costs and acceptance
+        self.last_policy = policy  # the next generation starts from its step costs (not its acceptance)
         if hasattr(session, "close"):  # drafters that learn from finished generations (suffix) keep this one
             session.close(seq.context, len(prompt_ids))
         yield StreamEvent(step.text, step.token_ids, output)
