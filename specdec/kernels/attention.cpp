@@ -34,16 +34,16 @@ constexpr int64_t KEY_BLOCK = 64;   // value rows weighed into every pair's accu
 constexpr int64_t TRANSPOSE_PAIRS = 4;  // transposing a block of keys costs about what scoring 4 pairs does
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
-// The call's tensors as pointers and element strides (q [B, H, n, d], k / v [B, kv_heads, L, d],
-// mask [B|1, 1, n, L] or null, out [B, n, H, d]).
+// A call (parts.h's AttendArgs: pointers and element strides) with its pointers typed and what follows
+// from its shape.
 template <typename T>
-struct Call {
-  const T *q, *k, *v;
-  T* out;
-  const float* mask;
-  int64_t q_b, q_h, q_i, k_b, k_g, k_row, v_b, v_g, v_row, m_b, m_i, m_j;
-  int64_t H, n, d, L, group, chunks;
-  float scale;
+struct Call : specdec_parts::AttendArgs {
+  int64_t group, chunks;  // GQA heads per kv head; 16-float chunks per head
+  explicit Call(const AttendArgs& a) : AttendArgs(a), group(a.H / a.kv_heads), chunks(a.d / 16) {}
+  const T* queries() const { return static_cast<const T*>(q); }
+  const T* keys() const { return static_cast<const T*>(k); }
+  const T* values() const { return static_cast<const T*>(v); }
+  T* output() const { return static_cast<T*>(out); }
   int64_t visible(int64_t i) const { return mask != nullptr ? L : L - n + i + 1; }  // no mask: causal
 };
 
@@ -107,13 +107,13 @@ struct Scratch {
 template <typename T>
 AVX512 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t stride) {
   const int64_t pairs = u.rows * u.heads, d = c.d;
-  const T* keys = c.k + u.b * c.k_b + u.g * c.k_g;
+  const T* keys = c.keys() + u.b * c.k_b + u.g * c.k_g;
   __m512* const top16 = w.top16.data();
   __m512* const kt = w.kt.data();
   int64_t most = 0;
   for (int64_t p = 0; p < pairs; ++p) {
     const int64_t i = u.row0 + p / u.heads, h = u.g * c.group + u.head0 + p % u.heads;
-    const T* qp = c.q + u.b * c.q_b + h * c.q_h + i * c.q_i;
+    const T* qp = c.queries() + u.b * c.q_b + h * c.q_h + i * c.q_i;
     for (int64_t ch = 0; ch < c.chunks; ++ch) _mm512_storeu_ps(w.qf.data() + p * d + 16 * ch, load16(qp + 16 * ch));
     w.visible[p] = c.visible(i);
     top16[p] = _mm512_set1_ps(NEG_INF);
@@ -173,7 +173,7 @@ AVX512 void unit_weigh(const Call<T>& c, const Unit& u, Scratch& w, int64_t stri
   const int64_t pairs = u.rows * u.heads, d = c.d;
   std::fill(w.acc.begin(), w.acc.begin() + pairs * d, 0.0f);
   std::fill(w.sums.begin(), w.sums.begin() + pairs, 0.0f);
-  const T* values = c.v + u.b * c.v_b + u.g * c.v_g;
+  const T* values = c.values() + u.b * c.v_b + u.g * c.v_g;
   for (int64_t j0 = 0; j0 < most; j0 += KEY_BLOCK) {
     const int64_t j1 = std::min(j0 + KEY_BLOCK, most);
     for (int64_t p = 0; p < pairs;) {
@@ -201,7 +201,7 @@ AVX512 void unit_weigh(const Call<T>& c, const Unit& u, Scratch& w, int64_t stri
   }
   for (int64_t p = 0; p < pairs; ++p) {
     const int64_t i = u.row0 + p / u.heads, h = u.g * c.group + u.head0 + p % u.heads;
-    T* o = c.out + ((u.b * c.n + i) * c.H + h) * d;
+    T* o = c.output() + ((u.b * c.n + i) * c.H + h) * d;
     const __m512 norm = _mm512_set1_ps(w.sums[p] > 0.0f ? w.sums[p] : 1.0f);
     for (int64_t ch = 0; ch < c.chunks; ++ch)
       store16(o + 16 * ch, _mm512_div_ps(_mm512_loadu_ps(w.acc.data() + p * d + 16 * ch), norm));
@@ -222,31 +222,10 @@ void attend_items(const Call<T>& c, const Split& split, int64_t kv_heads, int64_
   }
 }
 
-template <typename T>
-void attend_all(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& mask,
-                torch::Tensor& out, double scale) {
-  const int64_t B = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3), kv_heads = k.size(1), L = k.size(2);
-  const bool masked = mask.defined();
-  const Call<T> c{q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(), out.data_ptr<T>(),
-                  masked ? mask.data_ptr<float>() : nullptr, q.stride(0), q.stride(1), q.stride(2),
-                  k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-                  masked && mask.size(0) > 1 ? mask.stride(0) : 0, masked ? mask.stride(2) : 0, masked ? mask.stride(3) : 0,
-                  H, n, d, L, H / kv_heads, d / 16, static_cast<float>(scale)};
-  // One query row in all (plain decoding) runs on this thread, as one unit per kv group: waking the
-  // pool for it cost more than it gained (see rowgemm's MIN_PARALLEL_ROWS).
-  const int64_t num_threads = B * n >= 2 ? at::get_num_threads() : 1;
-  const Split split = split_work(B, kv_heads, n, c.group, num_threads);
-  const int64_t num_items = B * kv_heads * split.row_blocks * split.head_blocks;
-  at::parallel_for(0, num_items, num_threads > 1 ? 1 : num_items, [&](int64_t begin, int64_t end) {
-    attend_items<T>(c, split, kv_heads, begin, end);
-  });
-}
-
+// Part `part` of `parts` of the call's units (the split sized for `parts` threads).
 template <typename T>
 void attend_share(const specdec_parts::AttendArgs& a, int64_t part, int64_t parts) {
-  const Call<T> c{static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
-                  static_cast<T*>(a.out), a.mask, a.q_b, a.q_h, a.q_i, a.k_b, a.k_g, a.k_row, a.v_b, a.v_g,
-                  a.v_row, a.m_b, a.m_i, a.m_j, a.H, a.n, a.d, a.L, a.H / a.kv_heads, a.d / 16, a.scale};
+  const Call<T> c(a);
   const Split split = split_work(a.B, a.kv_heads, a.n, c.group, parts);
   int64_t begin, end;
   specdec_parts::share(a.B * a.kv_heads * split.row_blocks * split.head_blocks, part, parts, begin, end);
@@ -276,12 +255,20 @@ torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, c10::opt
     m = mask->to(at::kFloat);
     TORCH_CHECK(m.dim() == 4 && m.size(2) == q.size(2) && m.size(3) == k.size(2), "attend: mask [B, 1, n, L]");
   }
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16, "attend: float32 or bfloat16");
   auto out = torch::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.options());
-  if (q.scalar_type() == at::kFloat) {
-    attend_all<float>(q, k, v, m, out, scale);
-  } else {
-    TORCH_CHECK(q.scalar_type() == at::kBFloat16, "attend: float32 or bfloat16");
-    attend_all<at::BFloat16>(q, k, v, m, out, scale);
-  }
+  const bool masked = m.defined();
+  const specdec_parts::AttendArgs args{
+      q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), masked ? m.data_ptr<float>() : nullptr,
+      q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
+      v.stride(2), masked && m.size(0) > 1 ? m.stride(0) : 0, masked ? m.stride(2) : 0, masked ? m.stride(3) : 0,
+      q.size(0), q.size(1), q.size(2), q.size(3), k.size(1), k.size(2), static_cast<float>(scale)};
+  // One query row in all (plain decoding) runs on this thread, as one unit per kv group: waking the
+  // pool for it cost more than it gained (see rowgemm's MIN_PARALLEL_ROWS).
+  const int64_t parts = q.size(0) * q.size(2) >= 2 ? at::get_num_threads() : 1;
+  const bool bf16 = q.scalar_type() == at::kBFloat16;
+  at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t part = begin; part < end; ++part) specdec_parts::attend_part(bf16, args, part, parts);
+  });
   return out;
 }
