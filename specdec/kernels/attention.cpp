@@ -1,4 +1,5 @@
-// Row-invariant attention for small query counts (decode and verify steps), AVX-512.
+// Row-invariant attention for small query counts (decode and verify steps), AVX-512 (attention_avx2.cpp
+// runs the same algorithm where the CPU has AVX2 only).
 //
 // Every (batch, head, query row) gets its result in a fixed order that does not depend on how many
 // other rows share the call: each key's score by one fixed sum over the head's dims (four chains, dims
@@ -22,62 +23,20 @@
 #include <vector>
 
 #include "attention_simd.h"
+#include "attention_units.h"
 #include "parts.h"
 
 namespace {
 
 using namespace specdec_attention;
+using specdec_attention_units::Call;
+using specdec_attention_units::Split;
+using specdec_attention_units::Unit;
+using specdec_attention_units::split_work;
 #define AVX512 SPECDEC_AVX512
 
-constexpr int64_t MOST_PAIRS = 24;  // (query row, head) pairs per unit: each key block is applied to all
 constexpr int64_t KEY_BLOCK = 64;   // value rows weighed into every pair's accumulators while in L1
-constexpr int64_t TRANSPOSE_PAIRS = 4;  // transposing a block of keys costs about what scoring 4 pairs does
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
-
-// A call (parts.h's AttendArgs: pointers and element strides) with its pointers typed and what follows
-// from its shape.
-template <typename T>
-struct Call : specdec_parts::AttendArgs {
-  int64_t group, chunks;  // GQA heads per kv head; 16-float chunks per head
-  explicit Call(const AttendArgs& a) : AttendArgs(a), group(a.H / a.kv_heads), chunks(a.d / 16) {}
-  const T* queries() const { return static_cast<const T*>(q); }
-  const T* keys() const { return static_cast<const T*>(k); }
-  const T* values() const { return static_cast<const T*>(v); }
-  T* output() const { return static_cast<T*>(out); }
-  int64_t visible(int64_t i) const { return mask != nullptr ? L : L - n + i + 1; }  // no mask: causal
-};
-
-// Query rows [row0, row0 + rows) x heads [head0, head0 + heads) of kv group g (head indices within the
-// group) of sequence b; pair p is (row0 + p / heads, head0 + p % heads).
-struct Unit {
-  int64_t b, g, row0, rows, head0, heads;
-};
-
-// Rows and heads per unit, by a cost model: a unit pays for transposing the keys once (about as much as
-// scoring 4 pairs) plus its pairs; the threads take equal counts of units, so the split that minimizes
-// one thread's share wins (more pairs per unit on ties: fewer passes over the keys and values).
-struct Split {
-  int64_t rows, heads, row_blocks, head_blocks;
-};
-
-Split split_work(int64_t B, int64_t kv_heads, int64_t n, int64_t group, int64_t threads) {
-  const auto blocks = [](int64_t total, int64_t each) { return (total + each - 1) / each; };
-  Split best{1, 1, n, group};
-  int64_t best_cost = -1;
-  for (int64_t heads = group;; heads = blocks(heads, 2)) {
-    for (int64_t rows = std::min<int64_t>(n, std::max<int64_t>(1, MOST_PAIRS / heads)); rows >= 1; --rows) {
-      const int64_t even_rows = blocks(n, blocks(n, rows)), even_heads = blocks(group, blocks(group, heads));
-      const int64_t units = B * kv_heads * blocks(n, even_rows) * blocks(group, even_heads);
-      const int64_t cost = blocks(units, threads) * (TRANSPOSE_PAIRS + even_rows * even_heads);
-      if (best_cost < 0 || cost < best_cost) {
-        best_cost = cost;
-        best = {even_rows, even_heads, blocks(n, even_rows), blocks(group, even_heads)};
-      }
-    }
-    if (heads == 1) break;
-  }
-  return best;
-}
 
 // Floats on a 64-byte boundary (std::vector<__m512> does not promise it here), viewed as vectors.
 class Vectors {
@@ -235,7 +194,11 @@ void attend_share(const specdec_parts::AttendArgs& a, int64_t part, int64_t part
 }  // namespace
 
 void specdec_parts::attend_part(bool bf16, const AttendArgs& a, int64_t part, int64_t parts) {
-  if (bf16)
+  static const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  if (!avx512)
+    attend_part_avx2(bf16, a, part, parts);
+  else if (bf16)
     attend_share<at::BFloat16>(a, part, parts);
   else
     attend_share<float>(a, part, parts);
@@ -245,7 +208,7 @@ void specdec_parts::attend_part(bool bf16, const AttendArgs& a, int64_t part, in
 // additive [B|1, 1, n, L] (any strides); float32 or bfloat16 -> out [B, n, H, d] in q's dtype.
 torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, c10::optional<torch::Tensor> mask,
                      double scale) {
-  TORCH_CHECK(__builtin_cpu_supports("avx512f"), "attend: needs AVX-512");
+  TORCH_CHECK(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"), "attend: needs AVX2 and FMA");
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.size(3) % 16 == 0 && q.size(3) <= 256 &&
                   q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1 && q.size(1) % k.size(1) == 0 &&
                   q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),

@@ -26,7 +26,7 @@ def runs_on(model: torch.nn.Module) -> bool:
     config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     first = next(model.parameters())
-    return (kernel.module is not None and kernel.isa.startswith("avx512") and first.device.type == "cpu"
+    return (kernel.module is not None and kernel.isa != "scalar" and first.device.type == "cpu"
             and first.dtype in (torch.float32, torch.bfloat16) and head_dim % 16 == 0 and head_dim <= 256)
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name(name) for name in ("rowgemm.cpp", "attention.cpp", "norm.cpp", "layer.cpp", "module.cpp")]
-HEADERS = [Path(__file__).with_name(name) for name in ("attention_simd.h", "parts.h", "team_barrier.h")]  # part of the digest, not compiled alone
+SOURCES = [Path(__file__).with_name(name) for name in ("rowgemm.cpp", "attention.cpp", "attention_avx2.cpp", "norm.cpp", "layer.cpp", "module.cpp")]
+HEADERS = [Path(__file__).with_name(name) for name in ("attention_simd.h", "attention_units.h", "parts.h", "team_barrier.h")]  # part of the digest, not compiled alone
 NAME = "specdec_rowgemm"
 ISA_NAMES = ("scalar", "avx2", "avx512", "avx512_bf16")  # rowgemm.cpp's Isa enum, by value
 
@@ -34,6 +34,12 @@ class Kernel:
 
     @property
     def runs_bf16(self) -> bool:
+        """bfloat16 weights run on the kernels: natively with AVX512-BF16, widened to float32 on AVX2."""
+        return self.module is not None and self.module.cpu_isa() >= ISA_NAMES.index("avx2")
+
+    @property
+    def native_bf16(self) -> bool:
+        """The CPU multiplies bfloat16 itself (VDPBF16PS)."""
         return self.module is not None and self.module.cpu_isa() >= ISA_NAMES.index("avx512_bf16")
 
 

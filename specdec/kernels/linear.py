@@ -46,7 +46,7 @@ def choose(mode: str, device: torch.device, dtype: torch.dtype, tensor_parallel:
     if kernel.module is None:
         return KernelChoice("torch", kernel.reason)
     if dtype == torch.bfloat16 and not kernel.runs_bf16:
-        return KernelChoice("torch", f"bfloat16 needs AVX512-BF16; this CPU runs rowgemm as {kernel.isa}")
+        return KernelChoice("torch", f"bfloat16 needs AVX2 or better; this CPU runs rowgemm as {kernel.isa}")
     if dtype not in (torch.float32, torch.bfloat16):
         return KernelChoice("torch", f"rowgemm runs float32 and bfloat16, not {dtype}")
     return KernelChoice("specdec", f"rowgemm {kernel.isa}, {str(dtype).removeprefix('torch.')}")

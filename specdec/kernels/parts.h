@@ -28,7 +28,8 @@ struct AttendArgs {
   int64_t B, H, n, d, kv_heads, L;
   float scale;
 };
-void attend_part(bool bf16, const AttendArgs& a, int64_t part, int64_t parts);
+void attend_part(bool bf16, const AttendArgs& a, int64_t part, int64_t parts);  // AVX-512 where the CPU has it
+void attend_part_avx2(bool bf16, const AttendArgs& a, int64_t part, int64_t parts);  // attention_avx2.cpp
 
 // norm.cpp: RMSNorm of rows [begin, end) of part p's share of x [rows, H] into y.
 void rmsnorm_part(bool bf16, const void* x, const void* weight, void* y, int64_t rows, int64_t H, float eps,

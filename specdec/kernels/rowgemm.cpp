@@ -152,6 +152,67 @@ __attribute__((target("avx512f,avx512vl,avx512bw,avx512bf16"))) void bf16_avx512
   }
 }
 
+// ---- bfloat16 on AVX2 (no native bf16 products) ------------------------------------------------------
+// The same packed tiles; each dword of a weight load holds one output's (even k, odd k) pair, and a bf16
+// is the top half of its float32, so a shift and a mask widen the pair exactly. Each accumulator takes the
+// odd product, then the even one (VDPBF16PS's order), as two fused multiply-adds of exact products. The
+// tile runs as two halves of 16 outputs (16 ymm registers: 2R accumulators, 4 widened weights, 2 inputs).
+// Not bitwise the AVX512-BF16 path (no flush of denormals), which no result needs: a CPU runs one path.
+__attribute__((target("avx2,fma"))) inline void widen(__m256i pairs, __m256& even, __m256& odd) {
+  even = _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16));
+  odd = _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+__attribute__((target("avx2,fma"))) inline void store_bf16x8(uint16_t* y, __m256 v, int64_t count) {
+  const __m256i bits = _mm256_castps_si256(v);  // round to nearest even, as _mm512_cvtneps_pbh
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i top = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(top, top), 0x08);
+  alignas(16) uint16_t buf[8];
+  _mm_store_si128(reinterpret_cast<__m128i*>(buf), _mm256_castsi256_si128(packed));
+  std::memcpy(y, buf, count * sizeof(uint16_t));
+}
+
+template <int R>
+__attribute__((target("avx2,fma"))) void bf16_avx2(
+    const uint16_t* __restrict wp, const uint32_t* __restrict xp, int64_t ldx, int64_t K2,
+    void* __restrict yv, int64_t ldy, int64_t nvalid, bool out_fp32) {
+  for (int64_t half = 0; half < 2; ++half) {
+    const int64_t base = half * 16;
+    if (nvalid <= base) break;
+    __m256 a0[R], a1[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K2; ++k) {
+      const uint16_t* w = wp + k * 2 * TILE + 2 * base;
+      __m256 e0, o0, e1, o1;
+      widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)), e0, o0);
+      widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16)), e1, o1);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const uint32_t pair = xp[r * ldx + k];
+        const __m256 xe = _mm256_set1_ps(__builtin_bit_cast(float, pair << 16));
+        const __m256 xo = _mm256_set1_ps(__builtin_bit_cast(float, pair & 0xFFFF0000u));
+        a0[r] = _mm256_fmadd_ps(xe, e0, _mm256_fmadd_ps(xo, o0, a0[r]));
+        a1[r] = _mm256_fmadd_ps(xe, e1, _mm256_fmadd_ps(xo, o1, a1[r]));
+      }
+    }
+    const int64_t count = std::min<int64_t>(16, nvalid - base);
+    for (int r = 0; r < R; ++r) {
+      if (out_fp32) {
+        alignas(32) float buf[16];
+        _mm256_store_ps(buf, a0[r]);
+        _mm256_store_ps(buf + 8, a1[r]);
+        std::memcpy(static_cast<float*>(yv) + r * ldy + base, buf, count * sizeof(float));
+      } else {
+        uint16_t* y = static_cast<uint16_t*>(yv) + r * ldy + base;
+        store_bf16x8(y, a0[r], std::min<int64_t>(8, count));
+        if (count > 8) store_bf16x8(y + 8, a1[r], count - 8);
+      }
+    }
+  }
+}
+
 // Rows per register block: up to `most`, balanced (16 rows with at most 12 -> 8 + 8, never 12 + 4).
 inline int64_t group_rows(int64_t remaining, int64_t most) {
   const int64_t groups = (remaining + most - 1) / most;
@@ -189,16 +250,22 @@ void f32_tile(int64_t isa, const float* wp, const float* x, int64_t ldx, int64_t
   }
 }
 
-void bf16_tile(const uint16_t* wp, const uint32_t* xp, int64_t ldx, int64_t K2, char* y, int64_t ldy,
+void bf16_tile(int64_t isa, const uint16_t* wp, const uint32_t* xp, int64_t ldx, int64_t K2, char* y, int64_t ldy,
                int64_t elem, int64_t nvalid, int64_t M, bool out_fp32, const char* pf) {
-  const int64_t groups = (M + 11) / 12;
+  const int64_t most = isa == AVX512_BF16 ? 12 : 5;
+  const int64_t groups = (M + most - 1) / most;
   for (int64_t row = 0, g = 0; row < M; ++g) {
-    const int64_t rows = group_rows(M - row, 12);
+    const int64_t rows = group_rows(M - row, most);
     const int64_t pf_lo = K2 * g / groups, pf_hi = K2 * (g + 1) / groups;
     const uint32_t* xr = xp + row * ldx;
     void* yr = y + row * ldy * elem;
+    if (isa == AVX512_BF16) {
 #define CALL_BF16(R) bf16_avx512<R>(wp, xr, ldx, K2, yr, ldy, nvalid, out_fp32, pf, pf_lo, pf_hi)
-    ROWS_SWITCH(rows, CALL_BF16, 12)
+      ROWS_SWITCH(rows, CALL_BF16, 12)
+    } else {
+#define CALL_BF16_AVX2(R) bf16_avx2<(R) <= 5 ? (R) : 5>(wp, xr, ldx, K2, yr, ldy, nvalid, out_fp32)
+      ROWS_SWITCH(rows, CALL_BF16_AVX2, 6)
+    }
     row += rows;
   }
 }
@@ -214,8 +281,8 @@ void f32_tiles(int64_t isa, const float* xd, int64_t M, int64_t K, const float* 
 }
 
 // The same for bfloat16 weights [tiles, K2, 32, 2] and x as K2 bf16 pairs per row.
-void bf16_tiles(const void* x, int64_t M, int64_t K2, const void* packed, int64_t n_out, void* y, bool out_fp32,
-                int64_t begin, int64_t end) {
+void bf16_tiles(int64_t isa, const void* x, int64_t M, int64_t K2, const void* packed, int64_t n_out, void* y,
+                bool out_fp32, int64_t begin, int64_t end) {
   const auto* xp = static_cast<const uint32_t*>(x);
   const auto* wd = static_cast<const uint16_t*>(packed);
   char* yd = static_cast<char*>(y);
@@ -223,7 +290,7 @@ void bf16_tiles(const void* x, int64_t M, int64_t K2, const void* packed, int64_
   for (int64_t t = begin; t < end; ++t) {
     const int64_t col = t * TILE;
     const char* pf = t + 1 < end ? reinterpret_cast<const char*>(wd + (t + 1) * K2 * 2 * TILE) : nullptr;
-    bf16_tile(wd + t * K2 * 2 * TILE, xp, K2, K2, yd + col * elem, n_out, elem, std::min(TILE, n_out - col), M,
+    bf16_tile(isa, wd + t * K2 * 2 * TILE, xp, K2, K2, yd + col * elem, n_out, elem, std::min(TILE, n_out - col), M,
               out_fp32, pf);
   }
 }
@@ -252,12 +319,12 @@ torch::Tensor rowgemm(torch::Tensor x, torch::Tensor packed, int64_t n_out, int6
     });
     return y;
   }
-  TORCH_CHECK(isa == AVX512_BF16, "rowgemm: bfloat16 weights need AVX512-BF16");
+  TORCH_CHECK(isa >= AVX2, "rowgemm: bfloat16 weights need AVX2 (AVX512-BF16 natively)");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.size(1) * 2 == K + (K & 1),
               "rowgemm: bfloat16 weights [tiles, K/2, 32, 2] need bfloat16 x [M, K]");
   torch::Tensor xe = K & 1 ? torch::constant_pad_nd(x, {0, 1}).contiguous() : x;
   at::parallel_for(0, num_tiles, grain, [&](int64_t b, int64_t e) {
-    bf16_tiles(xe.data_ptr(), M, packed.size(1), packed.data_ptr(), n_out, y.data_ptr(), out_fp32, b, e);
+    bf16_tiles(isa, xe.data_ptr(), M, packed.size(1), packed.data_ptr(), n_out, y.data_ptr(), out_fp32, b, e);
   });
   return y;
 }
@@ -269,7 +336,7 @@ void specdec_parts::rowgemm_part(bool bf16, const void* x, int64_t M, int64_t K,
   int64_t begin, end;
   specdec_parts::share(num_tiles, part, parts, begin, end);
   if (bf16)
-    bf16_tiles(x, M, K / 2, packed, n_out, y, out_fp32, begin, end);
+    bf16_tiles(ISA, x, M, K / 2, packed, n_out, y, out_fp32, begin, end);
   else
     f32_tiles(ISA, static_cast<const float*>(x), M, K, static_cast<const float*>(packed), n_out,
               static_cast<float*>(y), begin, end);

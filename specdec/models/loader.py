@@ -53,9 +53,12 @@ def cpu_auto_dtype() -> torch.dtype:
     from specdec.kernels.build import load_kernel
 
     kernel = load_kernel()
-    if kernel.runs_bf16:
+    if kernel.native_bf16:
         log.info("dtype auto: float32 on a CPU (this one runs bfloat16 natively through specdec's kernels: "
                  "--dtype bfloat16 for ~1.5x the tokens/s)")
+    elif kernel.runs_bf16:
+        log.info("dtype auto: float32 on a CPU (specdec's kernels run bfloat16 here widened to float32 on %s: "
+                 "--dtype bfloat16 reads half the bytes a token)", kernel.isa)
     else:
         log.info("dtype auto: float32 on a CPU (no native bfloat16 here: %s)",
                  kernel.reason or f"specdec's kernels run {kernel.isa}")

@@ -36,23 +36,27 @@ def test_float32_matches_torch(isa, n, k):
     torch.testing.assert_close(got, x @ weight.T, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.skipif(not KERNEL.runs_bf16, reason="this CPU has no AVX512-BF16")
+BF16_ISAS = [i for i in (1, 3) if i <= BEST]  # AVX2 (widened to float32), AVX512-BF16 (native)
+
+
+@pytest.mark.skipif(not KERNEL.runs_bf16, reason="this CPU runs no bfloat16 path (AVX2 at least)")
+@pytest.mark.parametrize("isa", BF16_ISAS)
 @pytest.mark.parametrize("n, k", SHAPES)
-def test_bfloat16_matches_float32_products_of_bf16_values(n, k):
+def test_bfloat16_matches_float32_products_of_bf16_values(isa, n, k):
     gen = torch.Generator().manual_seed(n + k)
     weight, x = torch.randn(n, k, generator=gen).bfloat16(), torch.randn(9, k, generator=gen).bfloat16()
     exact = x.double() @ weight.double().T  # the bf16 values multiplied exactly
-    got32 = rowgemm(x, pack(weight), n, out_fp32=True)
+    got32 = rowgemm(x, pack(weight), n, isa, out_fp32=True)
     assert got32.dtype == torch.float32
     torch.testing.assert_close(got32.double(), exact, rtol=1e-4, atol=1e-3 * k ** 0.5)
-    got16 = rowgemm(x, pack(weight), n)
+    got16 = rowgemm(x, pack(weight), n, isa)
     assert got16.dtype == torch.bfloat16
     assert torch.equal(got16, got32.bfloat16())  # rounded once, to nearest even, as torch rounds
 
 
 def _paths():
     paths = [(torch.float32, isa) for isa in F32_ISAS]
-    return paths + ([(torch.bfloat16, 3)] if KERNEL.runs_bf16 else [])
+    return paths + [(torch.bfloat16, isa) for isa in BF16_ISAS]
 
 
 @pytest.mark.parametrize("dtype, isa", _paths(), ids=lambda v: str(v).removeprefix("torch."))

@@ -1,0 +1,61 @@
+// What attention.cpp (AVX-512) and attention_avx2.cpp share: a call's typed view, and its split into work
+// units. A unit is a block of (query row, head) pairs of one kv group; the split never changes a pair's
+// result (each pair's arithmetic is the one it runs alone), only which thread computes it and how often
+// the keys and values stream.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+
+#include "parts.h"
+
+namespace specdec_attention_units {
+
+constexpr int64_t MOST_PAIRS = 24;  // (query row, head) pairs per unit: each key block is applied to all
+constexpr int64_t TRANSPOSE_PAIRS = 4;  // transposing a block of keys costs about what scoring 4 pairs does
+
+// A call (parts.h's AttendArgs: pointers and element strides) with its pointers typed and what follows
+// from its shape.
+template <typename T>
+struct Call : specdec_parts::AttendArgs {
+  int64_t group, chunks;  // GQA heads per kv head; 16-float chunks per head
+  explicit Call(const AttendArgs& a) : AttendArgs(a), group(a.H / a.kv_heads), chunks(a.d / 16) {}
+  const T* queries() const { return static_cast<const T*>(q); }
+  const T* keys() const { return static_cast<const T*>(k); }
+  const T* values() const { return static_cast<const T*>(v); }
+  T* output() const { return static_cast<T*>(out); }
+  int64_t visible(int64_t i) const { return mask != nullptr ? L : L - n + i + 1; }  // no mask: causal
+};
+
+// Query rows [row0, row0 + rows) x heads [head0, head0 + heads) of kv group g (head indices within the
+// group) of sequence b; pair p is (row0 + p / heads, head0 + p % heads).
+struct Unit {
+  int64_t b, g, row0, rows, head0, heads;
+};
+
+// Rows and heads per unit, by a cost model: a unit pays for transposing the keys once (about as much as
+// scoring 4 pairs) plus its pairs; the threads take equal counts of units, so the split that minimizes
+// one thread's share wins (more pairs per unit on ties: fewer passes over the keys and values).
+struct Split {
+  int64_t rows, heads, row_blocks, head_blocks;
+};
+
+inline Split split_work(int64_t B, int64_t kv_heads, int64_t n, int64_t group, int64_t threads) {
+  const auto blocks = [](int64_t total, int64_t each) { return (total + each - 1) / each; };
+  Split best{1, 1, n, group};
+  int64_t best_cost = -1;
+  for (int64_t heads = group;; heads = blocks(heads, 2)) {
+    for (int64_t rows = std::min<int64_t>(n, std::max<int64_t>(1, MOST_PAIRS / heads)); rows >= 1; --rows) {
+      const int64_t even_rows = blocks(n, blocks(n, rows)), even_heads = blocks(group, blocks(group, heads));
+      const int64_t units = B * kv_heads * blocks(n, even_rows) * blocks(group, even_heads);
+      const int64_t cost = blocks(units, threads) * (TRANSPOSE_PAIRS + even_rows * even_heads);
+      if (best_cost < 0 || cost < best_cost) {
+        best_cost = cost;
+        best = {even_rows, even_heads, blocks(n, even_rows), blocks(group, even_heads)};
+      }
+    }
+    if (heads == 1) break;
+  }
+  return best;
+}
+
+}  // namespace specdec_attention_units
