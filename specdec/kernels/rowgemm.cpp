@@ -106,6 +106,33 @@ __attribute__((target("avx2,fma"))) void f32_avx2(
   }
 }
 
+// AVX2, at most 3 rows: the whole tile at each k (128 contiguous bytes, one sequential stream from memory;
+// the halves above read every other line of it twice over) and the next tile prefetched as AVX-512 does.
+// The same chains as every path: the same bits.
+template <int R>
+__attribute__((target("avx2,fma"))) void f32_avx2_full(
+    const float* __restrict wp, const float* __restrict x, int64_t ldx, int64_t K,
+    float* __restrict y, int64_t ldy, int64_t nvalid, const char* pf, int64_t pf_lo, int64_t pf_hi) {
+  __m256 a[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) a[r][c] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    if (k >= pf_lo && k < pf_hi) prefetch_step(pf, k);
+    __m256 b[R];
+    for (int r = 0; r < R; ++r) b[r] = _mm256_broadcast_ss(x + r * ldx + k);
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const __m256 w = _mm256_loadu_ps(wp + k * TILE + 8 * c);
+      for (int r = 0; r < R; ++r) a[r][c] = _mm256_fmadd_ps(b[r], w, a[r][c]);
+    }
+  }
+  alignas(32) float buf[TILE];
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < 4; ++c) _mm256_store_ps(buf + 8 * c, a[r][c]);
+    std::memcpy(y + r * ldy, buf, std::min<int64_t>(TILE, nvalid) * sizeof(float));
+  }
+}
+
 void f32_scalar(const float* wp, const float* x, int64_t ldx, int64_t K, float* y, int64_t ldy,
                 int64_t nvalid, int64_t rows) {
   for (int64_t r = 0; r < rows; ++r)
@@ -213,6 +240,41 @@ __attribute__((target("avx2,fma"))) void bf16_avx2(
   }
 }
 
+// At most 2 rows: the whole tile at each k pair, a quarter (8 outputs) at a time, next tile prefetched.
+template <int R>
+__attribute__((target("avx2,fma"))) void bf16_avx2_full(
+    const uint16_t* __restrict wp, const uint32_t* __restrict xp, int64_t ldx, int64_t K2,
+    void* __restrict yv, int64_t ldy, int64_t nvalid, bool out_fp32, const char* pf, int64_t pf_lo, int64_t pf_hi) {
+  __m256 a[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 4; ++c) a[r][c] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K2; ++k) {
+    if (k >= pf_lo && k < pf_hi) prefetch_step(pf, k);
+    __m256 xe[R], xo[R];
+    for (int r = 0; r < R; ++r) {
+      const uint32_t pair = xp[r * ldx + k];
+      xe[r] = _mm256_set1_ps(__builtin_bit_cast(float, pair << 16));
+      xo[r] = _mm256_set1_ps(__builtin_bit_cast(float, pair & 0xFFFF0000u));
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      __m256 e, o;
+      widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + k * 2 * TILE + 16 * c)), e, o);
+      for (int r = 0; r < R; ++r) a[r][c] = _mm256_fmadd_ps(xe[r], e, _mm256_fmadd_ps(xo[r], o, a[r][c]));
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    if (out_fp32) {
+      alignas(32) float buf[TILE];
+      for (int c = 0; c < 4; ++c) _mm256_store_ps(buf + 8 * c, a[r][c]);
+      std::memcpy(static_cast<float*>(yv) + r * ldy, buf, std::min<int64_t>(TILE, nvalid) * sizeof(float));
+    } else {
+      uint16_t* y = static_cast<uint16_t*>(yv) + r * ldy;
+      for (int c = 0; c < 4 && 8 * c < nvalid; ++c) store_bf16x8(y + 8 * c, a[r][c], std::min<int64_t>(8, nvalid - 8 * c));
+    }
+  }
+}
+
 // Rows per register block: up to `most`, balanced (16 rows with at most 12 -> 8 + 8, never 12 + 4).
 inline int64_t group_rows(int64_t remaining, int64_t most) {
   const int64_t groups = (remaining + most - 1) / most;
@@ -232,6 +294,11 @@ inline int64_t group_rows(int64_t remaining, int64_t most) {
 void f32_tile(int64_t isa, const float* wp, const float* x, int64_t ldx, int64_t K, float* y, int64_t ldy,
               int64_t nvalid, int64_t M, const char* pf) {
   if (isa == SCALAR) return f32_scalar(wp, x, ldx, K, y, ldy, nvalid, M);
+  if (isa == AVX2 && M <= 3) {  // few rows (plain decoding, small verifies): bound by the stream
+#define CALL_AVX2_FULL(R) f32_avx2_full<(R) <= 3 ? (R) : 3>(wp, x, ldx, K, y, ldy, nvalid, pf, 0, K)
+    ROWS_SWITCH(M, CALL_AVX2_FULL, 6)
+    return;
+  }
   const int64_t most = isa == AVX2 ? 6 : 12;
   const int64_t groups = (M + most - 1) / most;
   for (int64_t row = 0, g = 0; row < M; ++g) {
@@ -252,6 +319,11 @@ void f32_tile(int64_t isa, const float* wp, const float* x, int64_t ldx, int64_t
 
 void bf16_tile(int64_t isa, const uint16_t* wp, const uint32_t* xp, int64_t ldx, int64_t K2, char* y, int64_t ldy,
                int64_t elem, int64_t nvalid, int64_t M, bool out_fp32, const char* pf) {
+  if (isa != AVX512_BF16 && M <= 2) {
+#define CALL_BF16_FULL(R) bf16_avx2_full<(R) <= 2 ? (R) : 2>(wp, xp, ldx, K2, y, ldy, nvalid, out_fp32, pf, 0, K2)
+    ROWS_SWITCH(M, CALL_BF16_FULL, 6)
+    return;
+  }
   const int64_t most = isa == AVX512_BF16 ? 12 : 5;
   const int64_t groups = (M + most - 1) / most;
   for (int64_t row = 0, g = 0; row < M; ++g) {
