@@ -100,7 +100,7 @@ AVX2 inline __attribute__((always_inline)) void scores8(const float* q, int64_t 
 #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
       const __m256 kc = _mm256_loadu_ps(kt + 8 * (dd + c));
-#pragma GCC unroll 3
+#pragma GCC unroll 2
       for (int g = 0; g < G; ++g) a[g][c] = _mm256_fmadd_ps(_mm256_set1_ps(q[g * q_stride + dd + c]), kc, a[g][c]);
     }
   }
@@ -133,7 +133,7 @@ AVX2 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t str
   }
   const __m256 scale8 = _mm256_set1_ps(c.scale), lane_ids = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
   alignas(32) float masked[8];
-  __m256 s[3], r[8];
+  __m256 s[2], r[8];
   for (int64_t j = 0; j < most; j += 8) {  // 8 keys read and transposed once, scored for every pair
     const int64_t count = std::min<int64_t>(8, most - j);
     for (int64_t ch = 0; ch < chunks; ++ch) {
@@ -142,11 +142,10 @@ AVX2 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t str
       for (int e = 0; e < 8; ++e) _mm256_storeu_ps(w.kt.data() + 8 * (8 * ch + e), r[e]);
     }
     for (int64_t p = 0; p < pairs;) {
-      const int64_t group = std::min<int64_t>(3, pairs - p);
+      const int64_t group = std::min<int64_t>(2, pairs - p);  // 3 would spill AVX2's 16 registers
       const float* q = w.qf.data() + p * d;
       if (group == 1) scores8<1>(q, d, w.kt.data(), d, s);
-      else if (group == 2) scores8<2>(q, d, w.kt.data(), d, s);
-      else scores8<3>(q, d, w.kt.data(), d, s);
+      else scores8<2>(q, d, w.kt.data(), d, s);
       for (int64_t g = 0; g < group; ++g, ++p) {
         const int64_t seen = std::min<int64_t>(8, w.visible[p] - j);
         if (seen <= 0) continue;

@@ -76,14 +76,23 @@ __attribute__((target("avx512f,avx512vl,avx512bw,fma"))) void f32_avx512(
   }
 }
 
+// AVX2 stores of an accumulator's first `count` lanes (count may be <= 0 or > 8). Masked stores, not a
+// buffer and memcpy: with those GCC kept every accumulator in memory through the k loop (a store per FMA;
+// the 6-row kernel ran at 33 GFLOP/s on one core instead of 79).
+__attribute__((target("avx2,fma"))) inline void store_f32x8(float* y, __m256 v, int64_t count) {
+  const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(count, 8))),
+                                           _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  _mm256_maskstore_ps(y, lanes, v);
+}
+
 // AVX2: the tile as two halves of 16 outputs (16 ymm registers: 12 accumulators, 2 weights, 1 broadcast).
+// A half reads every other line of the tile: it runs on a tile the full-width rows below brought into L2.
 template <int R>
 __attribute__((target("avx2,fma"))) void f32_avx2(
     const float* __restrict wp, const float* __restrict x, int64_t ldx, int64_t K,
     float* __restrict y, int64_t ldy, int64_t nvalid) {
   for (int64_t half = 0; half < 2; ++half) {
     const int64_t base = half * 16;
-    if (nvalid <= base) break;
     __m256 a0[R], a1[R];
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
@@ -96,17 +105,16 @@ __attribute__((target("avx2,fma"))) void f32_avx2(
         a1[r] = _mm256_fmadd_ps(b, w1, a1[r]);
       }
     }
-    alignas(32) float buf[16];
     const int64_t count = std::min<int64_t>(16, nvalid - base);
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      _mm256_store_ps(buf, a0[r]);
-      _mm256_store_ps(buf + 8, a1[r]);
-      std::memcpy(y + r * ldy + base, buf, count * sizeof(float));
+      store_f32x8(y + r * ldy + base, a0[r], count);
+      store_f32x8(y + r * ldy + base + 8, a1[r], count - 8);
     }
   }
 }
 
-// AVX2, at most 3 rows: the whole tile at each k (128 contiguous bytes, one sequential stream from memory;
+// AVX2, at most 2 rows (3 would need 19 registers): the whole tile at each k (128 contiguous bytes, one sequential stream from memory;
 // the halves above read every other line of it twice over) and the next tile prefetched as AVX-512 does.
 // The same chains as every path: the same bits.
 template <int R>
@@ -126,11 +134,10 @@ __attribute__((target("avx2,fma"))) void f32_avx2_full(
       for (int r = 0; r < R; ++r) a[r][c] = _mm256_fmadd_ps(b[r], w, a[r][c]);
     }
   }
-  alignas(32) float buf[TILE];
-  for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < 4; ++c) _mm256_store_ps(buf + 8 * c, a[r][c]);
-    std::memcpy(y + r * ldy, buf, std::min<int64_t>(TILE, nvalid) * sizeof(float));
-  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) store_f32x8(y + r * ldy + 8 * c, a[r][c], nvalid - 8 * c);
 }
 
 void f32_scalar(const float* wp, const float* x, int64_t ldx, int64_t K, float* y, int64_t ldy,
@@ -190,14 +197,21 @@ __attribute__((target("avx2,fma"))) inline void widen(__m256i pairs, __m256& eve
   odd = _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
 }
 
+__attribute__((noinline)) void store_u16_tail(uint16_t* y, __m128i v, int64_t count) {  // the rare ragged tile
+  alignas(16) uint16_t buf[8];
+  _mm_store_si128(reinterpret_cast<__m128i*>(buf), v);
+  std::memcpy(y, buf, std::max<int64_t>(0, std::min<int64_t>(count, 8)) * sizeof(uint16_t));
+}
+
 __attribute__((target("avx2,fma"))) inline void store_bf16x8(uint16_t* y, __m256 v, int64_t count) {
   const __m256i bits = _mm256_castps_si256(v);  // round to nearest even, as _mm512_cvtneps_pbh
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
   const __m256i top = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
-  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(top, top), 0x08);
-  alignas(16) uint16_t buf[8];
-  _mm_store_si128(reinterpret_cast<__m128i*>(buf), _mm256_castsi256_si128(packed));
-  std::memcpy(y, buf, count * sizeof(uint16_t));
+  const __m128i packed = _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(top, top), 0x08));
+  if (count >= 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y), packed);
+  else if (count > 0)
+    store_u16_tail(y, packed, count);
 }
 
 template <int R>
@@ -206,7 +220,6 @@ __attribute__((target("avx2,fma"))) void bf16_avx2(
     void* __restrict yv, int64_t ldy, int64_t nvalid, bool out_fp32) {
   for (int64_t half = 0; half < 2; ++half) {
     const int64_t base = half * 16;
-    if (nvalid <= base) break;
     __m256 a0[R], a1[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
@@ -225,16 +238,16 @@ __attribute__((target("avx2,fma"))) void bf16_avx2(
       }
     }
     const int64_t count = std::min<int64_t>(16, nvalid - base);
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       if (out_fp32) {
-        alignas(32) float buf[16];
-        _mm256_store_ps(buf, a0[r]);
-        _mm256_store_ps(buf + 8, a1[r]);
-        std::memcpy(static_cast<float*>(yv) + r * ldy + base, buf, count * sizeof(float));
+        float* y = static_cast<float*>(yv) + r * ldy + base;
+        store_f32x8(y, a0[r], count);
+        store_f32x8(y + 8, a1[r], count - 8);
       } else {
         uint16_t* y = static_cast<uint16_t*>(yv) + r * ldy + base;
-        store_bf16x8(y, a0[r], std::min<int64_t>(8, count));
-        if (count > 8) store_bf16x8(y + 8, a1[r], count - 8);
+        store_bf16x8(y, a0[r], count);
+        store_bf16x8(y + 8, a1[r], count - 8);
       }
     }
   }
@@ -263,16 +276,15 @@ __attribute__((target("avx2,fma"))) void bf16_avx2_full(
       for (int r = 0; r < R; ++r) a[r][c] = _mm256_fmadd_ps(xe[r], e, _mm256_fmadd_ps(xo[r], o, a[r][c]));
     }
   }
-  for (int r = 0; r < R; ++r) {
-    if (out_fp32) {
-      alignas(32) float buf[TILE];
-      for (int c = 0; c < 4; ++c) _mm256_store_ps(buf + 8 * c, a[r][c]);
-      std::memcpy(static_cast<float*>(yv) + r * ldy, buf, std::min<int64_t>(TILE, nvalid) * sizeof(float));
-    } else {
-      uint16_t* y = static_cast<uint16_t*>(yv) + r * ldy;
-      for (int c = 0; c < 4 && 8 * c < nvalid; ++c) store_bf16x8(y + 8 * c, a[r][c], std::min<int64_t>(8, nvalid - 8 * c));
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      if (out_fp32)
+        store_f32x8(static_cast<float*>(yv) + r * ldy + 8 * c, a[r][c], nvalid - 8 * c);
+      else
+        store_bf16x8(static_cast<uint16_t*>(yv) + r * ldy + 8 * c, a[r][c], nvalid - 8 * c);
     }
-  }
 }
 
 // Rows per register block: up to `most`, balanced (16 rows with at most 12 -> 8 + 8, never 12 + 4).
@@ -294,50 +306,53 @@ inline int64_t group_rows(int64_t remaining, int64_t most) {
 void f32_tile(int64_t isa, const float* wp, const float* x, int64_t ldx, int64_t K, float* y, int64_t ldy,
               int64_t nvalid, int64_t M, const char* pf) {
   if (isa == SCALAR) return f32_scalar(wp, x, ldx, K, y, ldy, nvalid, M);
-  if (isa == AVX2 && M <= 3) {  // few rows (plain decoding, small verifies): bound by the stream
-#define CALL_AVX2_FULL(R) f32_avx2_full<(R) <= 3 ? (R) : 3>(wp, x, ldx, K, y, ldy, nvalid, pf, 0, K)
-    ROWS_SWITCH(M, CALL_AVX2_FULL, 6)
+  if (isa == AVX2) {
+    // The first one or two rows take the whole tile at each k: one sequential stream from memory (and the
+    // next tile prefetched). The other rows read it from L2 in halves of 16 outputs: streamed that way,
+    // every other line at a time, it came at half the bandwidth.
+    const int64_t lead = std::min<int64_t>(M, 2);
+#define CALL_AVX2_FULL(R) f32_avx2_full<(R) <= 2 ? (R) : 2>(wp, x, ldx, K, y, ldy, nvalid, pf, 0, K)
+    ROWS_SWITCH(lead, CALL_AVX2_FULL, 6)
+    for (int64_t row = lead; row < M;) {
+      const int64_t rows = group_rows(M - row, 6);
+#define CALL_AVX2(R) f32_avx2<(R) <= 6 ? (R) : 6>(wp, x + row * ldx, ldx, K, y + row * ldy, ldy, nvalid)
+      ROWS_SWITCH(rows, CALL_AVX2, 6)
+      row += rows;
+    }
     return;
   }
-  const int64_t most = isa == AVX2 ? 6 : 12;
-  const int64_t groups = (M + most - 1) / most;
+  const int64_t groups = (M + 11) / 12;
   for (int64_t row = 0, g = 0; row < M; ++g) {
-    const int64_t rows = group_rows(M - row, most);
+    const int64_t rows = group_rows(M - row, 12);
     const int64_t pf_lo = K * g / groups, pf_hi = K * (g + 1) / groups;
-    const float* xr = x + row * ldx;
-    float* yr = y + row * ldy;
-    if (isa == AVX2) {
-#define CALL_AVX2(R) f32_avx2<(R) <= 6 ? (R) : 6>(wp, xr, ldx, K, yr, ldy, nvalid)
-      ROWS_SWITCH(rows, CALL_AVX2, 6)
-    } else {
-#define CALL_512(R) f32_avx512<R>(wp, xr, ldx, K, yr, ldy, nvalid, pf, pf_lo, pf_hi)
-      ROWS_SWITCH(rows, CALL_512, 12)
-    }
+#define CALL_512(R) f32_avx512<R>(wp, x + row * ldx, ldx, K, y + row * ldy, ldy, nvalid, pf, pf_lo, pf_hi)
+    ROWS_SWITCH(rows, CALL_512, 12)
     row += rows;
   }
 }
 
 void bf16_tile(int64_t isa, const uint16_t* wp, const uint32_t* xp, int64_t ldx, int64_t K2, char* y, int64_t ldy,
                int64_t elem, int64_t nvalid, int64_t M, bool out_fp32, const char* pf) {
-  if (isa != AVX512_BF16 && M <= 2) {
+  if (isa != AVX512_BF16) {  // AVX2: as f32_tile's AVX2 branch
+    const int64_t lead = std::min<int64_t>(M, 2);
 #define CALL_BF16_FULL(R) bf16_avx2_full<(R) <= 2 ? (R) : 2>(wp, xp, ldx, K2, y, ldy, nvalid, out_fp32, pf, 0, K2)
-    ROWS_SWITCH(M, CALL_BF16_FULL, 6)
+    ROWS_SWITCH(lead, CALL_BF16_FULL, 6)
+    for (int64_t row = lead; row < M;) {
+      const int64_t rows = group_rows(M - row, 5);
+#define CALL_BF16_AVX2(R) \
+  bf16_avx2<(R) <= 5 ? (R) : 5>(wp, xp + row * ldx, ldx, K2, y + row * ldy * elem, ldy, nvalid, out_fp32)
+      ROWS_SWITCH(rows, CALL_BF16_AVX2, 6)
+      row += rows;
+    }
     return;
   }
-  const int64_t most = isa == AVX512_BF16 ? 12 : 5;
-  const int64_t groups = (M + most - 1) / most;
+  const int64_t groups = (M + 11) / 12;
   for (int64_t row = 0, g = 0; row < M; ++g) {
-    const int64_t rows = group_rows(M - row, most);
+    const int64_t rows = group_rows(M - row, 12);
     const int64_t pf_lo = K2 * g / groups, pf_hi = K2 * (g + 1) / groups;
-    const uint32_t* xr = xp + row * ldx;
-    void* yr = y + row * ldy * elem;
-    if (isa == AVX512_BF16) {
-#define CALL_BF16(R) bf16_avx512<R>(wp, xr, ldx, K2, yr, ldy, nvalid, out_fp32, pf, pf_lo, pf_hi)
-      ROWS_SWITCH(rows, CALL_BF16, 12)
-    } else {
-#define CALL_BF16_AVX2(R) bf16_avx2<(R) <= 5 ? (R) : 5>(wp, xr, ldx, K2, yr, ldy, nvalid, out_fp32)
-      ROWS_SWITCH(rows, CALL_BF16_AVX2, 6)
-    }
+#define CALL_BF16(R) \
+  bf16_avx512<R>(wp, xp + row * ldx, ldx, K2, y + row * ldy * elem, ldy, nvalid, out_fp32, pf, pf_lo, pf_hi)
+    ROWS_SWITCH(rows, CALL_BF16, 12)
     row += rows;
   }
 }
