@@ -12,7 +12,8 @@ from distribution import assert_follows, exact_joint, target_next_probs
 from specdec import Engine, SamplingParams
 from specdec.batch import generate_batch
 from specdec.core.tree import DraftTree
-from specdec.drafters.hybrid import HybridConfig, HybridSession, choose_tree, merge_trees
+from specdec.drafters.hybrid import SOURCES, HybridConfig, HybridSession, choose_tree, merge_trees
+from specdec.drafters.hybrid_calibration import ScoreCalibration, outcomes
 from specdec.errors import InvalidArgument
 
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], [40, 41, 42, 43, 1, 2], [11, 12]]
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 # suffix: 10 -> 11 -> 12, and 20 beside 10;  medusa: 10 -> 11 -> 13, and 30 beside 10
 SUFFIX = DraftTree((10, 11, 20, 12), (-1, 0, -1, 1), scores=(0.9, 0.8, 0.1, 0.7))
-MEDUSA = DraftTree((10, 30, 11, 13), (-1, -1, 0, 2), scores=(0.5, 0.2, 0.85, 0.3))
+MEDUSA = DraftTree((10, 30, 11, 13), (-1, -1, 0, 2), scores=(0.95, 0.2, 0.85, 0.3))
 
 
 def _paths(tree: DraftTree) -> dict[tuple[int, ...], float]:
@@ -39,7 +40,7 @@ def _paths(tree: DraftTree) -> dict[tuple[int, ...], float]:
 def test_union_merges_shared_paths_and_keeps_the_larger_score():
     merged = merge_trees(SUFFIX, MEDUSA)
     assert merged.q is None and all(-1 <= p < i for i, p in enumerate(merged.parent_ids))
-    assert _paths(merged) == {(10,): 0.9, (10, 11): 0.85, (20,): 0.1, (10, 11, 12): 0.7, (30,): 0.2,
+    assert _paths(merged) == {(10,): 0.95, (10, 11): 0.85, (20,): 0.1, (10, 11, 12): 0.7, (30,): 0.2,
                               (10, 11, 13): 0.3}
     assert merged.token_ids[:4] == SUFFIX.token_ids  # the first tree's nodes keep their places
     merged.validate(vocab_size=64, max_nodes=6)
@@ -49,7 +50,7 @@ def test_union_merges_shared_paths_and_keeps_the_larger_score():
 
 def test_union_over_budget_keeps_the_most_probable_closed_subtree():
     cut = merge_trees(SUFFIX, MEDUSA, max_nodes=4)
-    assert _paths(cut) == {(10,): 0.9, (10, 11): 0.85, (10, 11, 12): 0.7, (10, 11, 13): 0.3}
+    assert _paths(cut) == {(10,): 0.95, (10, 11): 0.85, (10, 11, 12): 0.7, (10, 11, 13): 0.3}
     assert all(-1 <= p < i for i, p in enumerate(cut.parent_ids))
     assert merge_trees(SUFFIX, MEDUSA, max_nodes=0).num_nodes == 0
 
@@ -80,10 +81,42 @@ class _Fixed:
         return self.tree
 
 
-def _session(suffix: DraftTree, medusa: DraftTree, mode: str = "union") -> HybridSession:
+def _session(suffix: DraftTree, medusa: DraftTree, mode: str = "union", drafter=None) -> HybridSession:
     session = HybridSession.__new__(HybridSession)
     session.config, session.suffix, session.medusa = HybridConfig(mode=mode), _Fixed(suffix), _Fixed(medusa)
+    session.drafter, session.pending = drafter, None  # None: no calibration, the trees as proposed
     return session
+
+
+def test_outcomes_are_read_from_the_committed_tokens():
+    drafted = [((5,), 0.9), ((5, 6), 0.5), ((7,), 0.3), ((5, 6, 8), 0.2), ((5, 9, 1), 0.1)]
+    # (5, 6, 8) goes deeper than what was committed and agrees with it: no outcome yet
+    assert outcomes(drafted, [5, 6]) == [(0.9, True), (0.5, True), (0.3, False), (0.1, False)]
+
+
+def test_calibration_learns_each_sources_acceptance_per_score_bin():
+    calibration = ScoreCalibration(("a", "b"))
+    assert calibration.calibrated("a", 0.6) == pytest.approx(0.6)  # nothing learnt: the raw score
+    calibration.record("a", [(0.65, False)] * 50)
+    calibration.record("b", [(0.65, True)] * 50)
+    assert calibration.calibrated("a", 0.6) < 0.1 and calibration.calibrated("b", 0.6) > 0.9
+    assert calibration.calibrated("a", 0.2) == pytest.approx(0.2)  # another bin: untouched
+
+
+def test_session_learns_from_what_followed_its_draft():
+    """After 10 11 12 was committed, the suffix path that said so scores higher and Medusa's wrong
+    guesses lower than as proposed; every node stays no likelier than its parent."""
+    class Drafter:
+        calibration = ScoreCalibration(SOURCES)
+
+    session = _session(SUFFIX, MEDUSA, drafter=Drafter())
+    first = _paths(session.propose([1, 2], 4, GREEDY, None))
+    assert first == _paths(merge_trees(SUFFIX, MEDUSA))  # nothing learnt yet (prior = raw score)
+    second = session.propose([1, 2, 10, 11, 12], 4, GREEDY, None)
+    learnt = _paths(second)
+    assert learnt[(10,)] > first[(10,)] and learnt[(10, 11, 12)] > first[(10, 11, 12)]
+    assert learnt[(30,)] < first[(30,)] and learnt[(10, 11, 13)] < first[(10, 11, 13)]
+    assert all(p < 0 or second.scores[i] <= second.scores[p] for i, p in enumerate(second.parent_ids))
 
 
 @pytest.mark.parametrize("mode", ["union", "choose"])
