@@ -133,13 +133,14 @@ def test_a_sampled_sub_tree_is_never_merged(mode):
     assert _paths(propose(_session(SUFFIX, MEDUSA, "union"))) == _paths(merge_trees(SUFFIX, MEDUSA))
 
 
-@pytest.mark.parametrize("mode", ["union", "choose"])
-def test_greedy_equals_plain_decoding_alone_and_batched(tiny_target, tiny_medusa_dir, mode):
+@pytest.mark.parametrize("options", [dict(mode="union"), dict(mode="union", calibrate=True), dict(mode="choose")],
+                         ids=["union", "calibrated", "choose"])
+def test_greedy_equals_plain_decoding_alone_and_batched(tiny_target, tiny_medusa_dir, options):
     plain = Engine.from_pretrained(target=tiny_target)
-    hybrid = Engine.from_pretrained(target=tiny_target, drafter="hybrid", draft=str(tiny_medusa_dir), mode=mode,
-                                    min_token_prob=0.0)
-    fixed = Engine.from_pretrained(target=tiny_target, drafter="hybrid", draft=str(tiny_medusa_dir), mode=mode,
-                                   adaptive=False, num_speculative_tokens=4)
+    hybrid = Engine.from_pretrained(target=tiny_target, drafter="hybrid", draft=str(tiny_medusa_dir),
+                                    min_token_prob=0.0, **options)
+    fixed = Engine.from_pretrained(target=tiny_target, drafter="hybrid", draft=str(tiny_medusa_dir),
+                                   adaptive=False, num_speculative_tokens=4, **options)
     want = [plain.generate(p, GREEDY).token_ids for p in PROMPTS]
     drafted = 0
     for engine in (hybrid, fixed):
@@ -212,5 +213,6 @@ def test_every_entry_point_accepts_the_hybrid_drafter():
     assert parser.parse_args(["loadtest", "--drafter", "hybrid"]).drafter == "hybrid"
     served = stack_config(parser.parse_args(["serve", "--drafter", "hybrid"]))
     assert served.drafts == () and served.targets[0].drafter == "hybrid"  # it reads the target's features
-    assert [m.drafter for m in resolve_methods(["hybrid", "hybrid-choose"])] == ["none", "hybrid", "hybrid"]
+    assert [m.drafter for m in resolve_methods(["hybrid", "hybrid-calibrated", "hybrid-choose"])] == \
+        ["none", "hybrid", "hybrid", "hybrid"]
     assert "hybrid" in DEFAULT_METHODS
