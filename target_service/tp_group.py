@@ -24,7 +24,7 @@ from specdec.serving_config import TargetConfig
 
 COLLECTIVE_TIMEOUT_S = 300.0  # longest any rank waits in one collective before giving up
 GRACE_S = 15.0  # the launcher's wait for ranks to stop before it kills them
-SELF_DRAFT_HEADS = ("medusa", "eagle", "eagle3")  # read the unsplit LM head, which a tensor-parallel target lacks
+SELF_DRAFT_HEADS = ("medusa", "eagle", "eagle3", "hybrid")  # read the unsplit LM head, which a tensor-parallel target lacks
 
 
 def check(config: TargetConfig) -> None:

@@ -76,6 +76,7 @@ def run_benchmark(config: BenchConfig) -> tuple[dict, int]:
 
     from transformers.utils import logging as hf_logging
 
+    from specdec.drafters import checkpoint_name
     from specdec.engine import Engine
     from specdec.models.loader import load_model, pick_dtype
 
@@ -83,7 +84,8 @@ def run_benchmark(config: BenchConfig) -> tuple[dict, int]:
     machine = machine_info()  # load average before we add our own
     target = load_model(config.target, pick_dtype(config.dtype))
     checkpoints = dict(config.checkpoints)
-    skipped = {s.name: f"no trained {s.drafter} checkpoint for this target (pass --checkpoint {s.drafter}=DIR)"
+    skipped = {s.name: f"no trained {checkpoint_name(s.drafter)} checkpoint for this target "
+                       f"(pass --checkpoint {checkpoint_name(s.drafter)}=DIR)"
                for s in specs if not methods_mod.runnable(s, target, checkpoints)} if config.methods is None else {}
     specs = tuple(s for s in specs if s.name not in skipped)
     # Resolve every checkpoint once, up front: the report must name what ran, even if a shipped

@@ -18,7 +18,7 @@ from typing import Iterator, Protocol
 import torch
 
 from specdec.core.types import SamplingParams
-from specdec.drafters import DRAFTERS, build_drafter
+from specdec.drafters import DRAFTERS, SELF_DRAFTERS, build_drafter, checkpoint_name
 from specdec.drafters.trained import shipped_checkpoint
 from specdec.engine import DEFAULT_DEPTH, Engine, EngineConfig
 from specdec.errors import InvalidArgument
@@ -33,7 +33,7 @@ class MethodSpec:
     family: str  # "specdec" (the project's engine) or "transformers" (a peer)
     description: str
     drafter: str = "none"  # specdec drafter name (family "specdec")
-    drafter_options: tuple[tuple[str, int], ...] = ()
+    drafter_options: tuple[tuple[str, int | float | str], ...] = ()
     hf_mode: str = ""  # "plain" | "assisted" | "lookup" (family "transformers")
     peer: str | None = None  # the transformers method that does the same thing
 
@@ -61,6 +61,12 @@ METHODS = (
     MethodSpec("eagle", "specdec", "EAGLE-style head (self-drafting, dynamic tree)", "eagle"),
     MethodSpec("eagle3", "specdec", "EAGLE-3-style head (fused low/middle/high features, training-time test, "
                "dynamic tree)", "eagle3"),
+    MethodSpec("hybrid", "specdec", "suffix decoding and Medusa heads, their trees merged and cut by their "
+               "scores", "hybrid"),
+    MethodSpec("hybrid-calibrated", "specdec", "hybrid with each source's scores replaced by their measured "
+               "acceptance", "hybrid", (("calibrate", True),)),
+    MethodSpec("hybrid-choose", "specdec", "suffix decoding's tree where it expects a token or more, Medusa's "
+               "otherwise", "hybrid", (("mode", "choose"),)),
     MethodSpec("hf-generate", "transformers", "transformers generate()", hf_mode="plain"),
     MethodSpec("hf-assisted", "transformers", "transformers assisted generation with the same draft model "
                "(its defaults: up to 20 tokens per step, assistant confidence threshold 0.4)", hf_mode="assisted"),
@@ -89,16 +95,17 @@ def checkpoint_for(spec: MethodSpec, target: LoadedModel, checkpoints: dict[str,
     """The trained checkpoint a specdec method loads: named by the user, else shipped for this target."""
     if spec.family != "specdec" or spec.drafter in ("none", "ngram", "suffix"):
         return None
-    if spec.drafter in checkpoints:
-        return checkpoints[spec.drafter]
-    shipped = shipped_checkpoint(spec.drafter, target)
+    name = checkpoint_name(spec.drafter)  # hybrid loads medusa's
+    if name in checkpoints:
+        return checkpoints[name]
+    shipped = shipped_checkpoint(name, target)
     return str(shipped) if shipped is not None else None
 
 
 def runnable(spec: MethodSpec, target: LoadedModel, checkpoints: dict[str, str]) -> bool:
     """Self-drafting heads need a trained checkpoint; everything else can always run (the draft model
     falls back to a random stand-in)."""
-    return spec.drafter not in ("medusa", "eagle", "eagle3") or checkpoint_for(spec, target, checkpoints) is not None
+    return spec.drafter not in SELF_DRAFTERS or checkpoint_for(spec, target, checkpoints) is not None
 
 
 @dataclass(frozen=True)
@@ -232,7 +239,8 @@ def resolve_checkpoints(specs: tuple[MethodSpec, ...], target: LoadedModel, sett
                         ) -> dict[str, str]:
     """{drafter: checkpoint dir} for every trained drafter `specs` use, the draft model included."""
     named = dict(settings.checkpoints)
-    resolved = {s.drafter: checkpoint_for(s, target, named) for s in specs if checkpoint_for(s, target, named)}
+    resolved = {checkpoint_name(s.drafter): checkpoint_for(s, target, named) for s in specs
+                if checkpoint_for(s, target, named)}
     if any(s.drafter == "draft" or s.hf_mode == "assisted" for s in specs):
         resolved["draft"] = draft_model_path(target, settings)
     return resolved

@@ -23,7 +23,7 @@ from specdec.bench.workloads import DEFAULT_DIR, WorkloadPrompt, load_workloads
 from specdec.core.types import SamplingParams
 from specdec.errors import InvalidArgument
 
-DEFAULT_METHODS = ("plain", "ngram", "suffix", "draft", "medusa", "eagle", "eagle3")
+DEFAULT_METHODS = ("plain", "ngram", "suffix", "draft", "medusa", "eagle", "eagle3", "hybrid")
 GOALS = (("suffix", "agent", 3.0), ("suffix", "json", 3.0), (None, "code", 2.5))  # (method or best, workload, tau)
 
 

@@ -13,7 +13,7 @@ from specdec.core.types import DEFAULT_LINEAR_KERNEL, LINEAR_KERNELS
 from specdec.config_fields import add_config_args, config_from_args
 from specdec.serving_config import DraftConfig, RouterConfig, StackConfig, TargetConfig, load_stack_config
 
-SELF_DRAFTERS = ("medusa", "eagle", "eagle3")  # read the target's features: they run inside the target worker
+SELF_DRAFTERS = ("medusa", "eagle", "eagle3", "hybrid")  # read the target's features: they run inside the target worker
 DRAFTERS = ("ngram", "suffix", "draft") + SELF_DRAFTERS
 DEFAULT_DRAFTER = "ngram"  # the local stack's drafter unless --drafter says otherwise
 DRAFT_PLACES = ("worker", "target")  # where a drafter that could run in either place runs (--draft-in)
@@ -26,8 +26,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--config", default=None, help="YAML deployment file (router, targets, drafts)")
     p.add_argument("--target", default=None, help="target checkpoint dir (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--drafter", choices=DRAFTERS, default=DEFAULT_DRAFTER,
-                   help="ngram / suffix / draft run in a draft worker; medusa / eagle heads run inside the target worker")
-    p.add_argument("--draft", default=None, help="trained drafter checkpoint dir (draft, medusa, eagle, eagle3)")
+                   help="ngram / suffix / draft run in a draft worker; medusa / eagle heads and hybrid (suffix + medusa) "
+                        "run inside the target worker")
+    p.add_argument("--draft", default=None, help="trained drafter checkpoint dir (draft, medusa, eagle, eagle3; hybrid: medusa's)")
     p.add_argument("--draft-in", choices=DRAFT_PLACES, default="worker",
                    help="where ngram / suffix / draft run: a draft worker process (default) or inside the target "
                         "worker (no draft round trip per step; the heads always run there)")

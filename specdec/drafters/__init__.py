@@ -3,19 +3,30 @@ from __future__ import annotations
 
 from specdec.errors import InvalidArgument
 
-DRAFTERS = ("none", "ngram", "suffix", "draft", "medusa", "eagle", "eagle3")
+DRAFTERS = ("none", "ngram", "suffix", "draft", "medusa", "eagle", "eagle3", "hybrid")
+SUFFIX_OPTIONS = {"max_depth", "spec_factor", "min_token_prob", "num_nodes", "global_tokens"}
 
 # Options each drafter accepts through Engine.from_pretrained(**drafter_options).
 DRAFTER_OPTIONS = {
     "none": set(),
     "ngram": {"max_ngram", "min_ngram", "num_branches"},
-    "suffix": {"max_depth", "spec_factor", "min_token_prob", "num_nodes", "global_tokens"},
+    "suffix": SUFFIX_OPTIONS,
     "draft": {"tree_width", "q_top_n"},
     "medusa": {"num_nodes"},
     "eagle": {"num_nodes", "top_k", "depth"},
     "eagle3": {"num_nodes", "top_k", "depth"},
+    # suffix decoding's options, and specdec.drafters.hybrid.HybridConfig's
+    "hybrid": SUFFIX_OPTIONS | {"mode", "threshold", "medusa_nodes", "calibrate"},
 }
-TRAINED_DRAFTERS = ("draft", "medusa", "eagle", "eagle3")  # take a trained checkpoint dir (draft=PATH)
+TRAINED_DRAFTERS = ("draft", "medusa", "eagle", "eagle3", "hybrid")  # take a trained checkpoint dir (draft=PATH)
+SELF_DRAFTERS = ("medusa", "eagle", "eagle3", "hybrid")  # read the target's features: they run beside the target
+# The trained checkpoint a drafter loads, where it is another drafter's (hybrid: the Medusa heads).
+CHECKPOINT_OF = {"hybrid": "medusa"}
+
+
+def checkpoint_name(drafter: str) -> str:
+    """Which trained drafter's checkpoint `drafter` loads (shipped under specdec/checkpoints/<name>)."""
+    return CHECKPOINT_OF.get(drafter, drafter)
 # draft="random" with drafter "draft": an untrained 1-layer stand-in sharing the target's vocabulary.
 # It accepts almost nothing; tests and overhead measurements ask for it by this name, nobody gets it by default.
 RANDOM_DRAFT = "random"
@@ -50,6 +61,10 @@ def build_drafter(name: str, target, draft_path, options: dict, dtype, runner_co
         from specdec.drafters.trained import build_self_drafter
 
         return build_self_drafter(name, target, draft_path, options)
+    if name == "hybrid":
+        from specdec.drafters.hybrid import build_hybrid
+
+        return build_hybrid(target, draft_path, options)
     from specdec.drafters.draft_model import DraftModelConfig, DraftModelDrafter
     from specdec.drafters.trained import shipped_checkpoint
     from specdec.models.loader import load_model, random_draft_path

@@ -86,9 +86,16 @@ class MedusaSession:
         """Self-drafting: the engine hands over the target's sequence state (hidden at the last accepted row)."""
         self.sequence = sequence
 
-    @torch.inference_mode()
     def propose(self, context_ids: list[int], max_tokens: int, params: SamplingParams,
                 generator: torch.Generator | None, max_nodes: int | None = None) -> DraftTree:
+        return self.draft(max_tokens, max_nodes, with_scores=False)
+
+    @torch.inference_mode()
+    def draft(self, max_tokens: int, max_nodes: int | None, with_scores: bool) -> DraftTree:
+        """The static tree filled from the heads' top candidates. with_scores: each node also carries
+        the product, along its path, of the heads' probabilities of its candidates (each head's
+        marginal, so a rough estimate of the path's acceptance), for a caller that weighs Medusa's
+        nodes against another drafter's scored ones (specdec.drafters.hybrid)."""
         hidden = getattr(self.sequence, "hidden", None)  # [H]
         if max_tokens <= 0 or hidden is None:
             return DraftTree.empty()
@@ -103,7 +110,16 @@ class MedusaSession:
         top = torch.topk(logits, d.max_rank + 1, dim=-1).indices  # [K, R]
         candidates = d.vocab_ids[top].tolist()  # [K][R] target token ids
         tokens = tuple(candidates[len(p) - 1][r] for p, r in zip(ordered, ranks))
-        return DraftTree(tokens, parents, None)
+        if not with_scores:
+            return DraftTree(tokens, parents, None)
+        probs = torch.softmax(logits.float(), dim=-1).gather(1, top).tolist()  # [K][R]
+        scores = []
+        for path in ordered:
+            score = 1.0
+            for head, rank in enumerate(path):
+                score *= probs[head][rank]
+            scores.append(min(1.0, max(0.0, score)))
+        return DraftTree(tokens, parents, None, tuple(scores))
 
 
 def _best_paths(paths: list[tuple[int, ...]], max_depth: int, max_nodes: int) -> list[tuple[int, ...]]:

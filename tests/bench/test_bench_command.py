@@ -32,8 +32,9 @@ def test_report_schema_all_methods_both_modes(chat_models, question_file, tmp_pa
     assert report["settings"]["max_new_tokens"] == 6 and report["settings"]["num_questions"] == 4
     names = [m["name"] for m in report["methods"]]
     # every available method by default, plain first; self-drafting heads need a checkpoint the tiny target lacks
-    assert names == [m.name for m in METHODS if m.available and m.drafter not in ("medusa", "eagle", "eagle3")]
-    assert set(report["settings"]["skipped_methods"]) == {"medusa", "eagle", "eagle3"}
+    heads = ("medusa", "eagle", "eagle3", "hybrid")
+    assert names == [m.name for m in METHODS if m.available and m.drafter not in heads]
+    assert set(report["settings"]["skipped_methods"]) == {"medusa", "eagle", "eagle3", "hybrid", "hybrid-calibrated", "hybrid-choose"}
     assert report["settings"]["checkpoints"] == {"draft": chat_models[1]}
     assert [r["mode"] for r in report["runs"]] == ["greedy", "sampling"]
     greedy, sampling = report["runs"]
