@@ -45,8 +45,9 @@ def cpu_auto_dtype() -> torch.dtype:
 
     Where the CPU multiplies bf16 natively (AVX512-BF16) specdec's kernels run it at about half the
     bytes (plain decoding ~1.5x float32's tokens/s) and, row-invariant, keep greedy speculative output
-    equal to plain decoding (README, "Forward cost on CPUs"); emulated (AVX2 only), a 16-row verify
-    costs ~7x a one-row forward. It stays opt-in (--dtype bfloat16) because bf16 is a different target:
+    equal to plain decoding (README, "Forward cost on CPUs"); on AVX2 alone the kernels widen bf16 to
+    float32 in registers: half the bytes (plain decoding ~1.5x float32 there too), many-row verifies no
+    cheaper than float32's. It stays opt-in (--dtype bfloat16) because bf16 is a different target:
     its sampling distribution is not float32's (the sampling tests' exact references are float32, and
     served outputs would change for every user), so a default switch is a product decision, not a kernel's.
     """
