@@ -63,8 +63,6 @@ METHODS = (
                "dynamic tree)", "eagle3"),
     MethodSpec("hybrid", "specdec", "suffix decoding and Medusa heads, their trees merged and cut by their "
                "scores", "hybrid"),
-    MethodSpec("hybrid-calibrated", "specdec", "hybrid with each source's scores replaced by their measured "
-               "acceptance", "hybrid", (("calibrate", True),)),
     MethodSpec("hybrid-choose", "specdec", "suffix decoding's tree where it expects a token or more, Medusa's "
                "otherwise", "hybrid", (("mode", "choose"),)),
     MethodSpec("hf-generate", "transformers", "transformers generate()", hf_mode="plain"),

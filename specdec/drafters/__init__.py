@@ -16,7 +16,7 @@ DRAFTER_OPTIONS = {
     "eagle": {"num_nodes", "top_k", "depth"},
     "eagle3": {"num_nodes", "top_k", "depth"},
     # suffix decoding's options, and specdec.drafters.hybrid.HybridConfig's
-    "hybrid": SUFFIX_OPTIONS | {"mode", "threshold", "medusa_nodes", "calibrate"},
+    "hybrid": SUFFIX_OPTIONS | {"mode", "threshold", "medusa_nodes"},
 }
 TRAINED_DRAFTERS = ("draft", "medusa", "eagle", "eagle3", "hybrid")  # take a trained checkpoint dir (draft=PATH)
 SELF_DRAFTERS = ("medusa", "eagle", "eagle3", "hybrid")  # read the target's features: they run beside the target

@@ -9,8 +9,7 @@ step may use either tree, or both, and stay exact at any temperature. Two ways t
 - "union": both trees merged into one (a path both propose is one path, scored by the more
   confident of the two). Every node carries a score (suffix: its blended probability; Medusa: the
   product of its heads' probabilities), so the speculation policy keeps the nodes worth their
-  verify cost from either source. With `calibrate`, the scores are first replaced by what each
-  source's scores proved worth (specdec.drafters.hybrid_calibration): the two raw scales differ.
+  verify cost from either source, scaled by its own calibration against what was accepted.
 - "choose": the suffix tree alone when its expected accepted tokens (the sum of its scores) reach
   `threshold`, else Medusa's tree alone: one source per step, never a wider tree than either.
 
@@ -28,12 +27,10 @@ import torch
 
 from specdec.core.tree import DraftTree
 from specdec.core.types import SamplingParams
-from specdec.drafters.hybrid_calibration import ScoreCalibration, outcomes, token_paths
 from specdec.errors import InvalidArgument
 from specdec.policy.budget import keep_nodes, node_order
 
 MODES = ("union", "choose")
-SOURCES = ("suffix", "medusa")
 
 
 @dataclass(frozen=True)
@@ -42,9 +39,6 @@ class HybridConfig:
     # "choose": the suffix tree's expected accepted tokens (sum of its node scores) from which it drafts alone
     threshold: float = 1.0
     medusa_nodes: int = 0  # Medusa's static tree: its first N paths (0 = all the checkpoint lists)
-    # Scores become their source's measured acceptance (specdec.drafters.hybrid_calibration). Off by
-    # default: on Spec-Bench it lowered tau (1.19-1.21 against 1.28-1.40) and did not raise speed.
-    calibrate: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -53,8 +47,6 @@ class HybridConfig:
             raise InvalidArgument(f"hybrid threshold must be >= 0, got {self.threshold}")
         if not isinstance(self.medusa_nodes, int) or self.medusa_nodes < 0:
             raise InvalidArgument(f"medusa_nodes must be an integer >= 0, got {self.medusa_nodes}")
-        if not isinstance(self.calibrate, bool):
-            raise InvalidArgument(f"calibrate must be True or False, got {self.calibrate!r}")
 
 
 HYBRID_OPTIONS = frozenset(f.name for f in fields(HybridConfig))
@@ -99,18 +91,6 @@ def _scores(tree: DraftTree) -> tuple[float, ...]:
     return tree.scores
 
 
-def _rescored(tree: DraftTree, calibrated) -> DraftTree:
-    """tree with each score mapped by `calibrated`, then capped by its parent's (the policy's node
-    order needs a node never more likely than its parent)."""
-    if tree.scores is None or not tree.num_nodes:
-        return tree
-    scores: list[float] = []
-    for parent, score in zip(tree.parent_ids, tree.scores):
-        value = min(1.0, max(0.0, calibrated(score)))
-        scores.append(value if parent < 0 else min(value, scores[parent]))
-    return DraftTree(tree.token_ids, tree.parent_ids, tree.q, tuple(scores))
-
-
 def choose_tree(suffix: DraftTree, medusa: DraftTree, threshold: float) -> DraftTree:
     """The suffix tree where it expects at least `threshold` accepted tokens, else Medusa's (the
     suffix tree again when Medusa has nothing)."""
@@ -127,13 +107,9 @@ class HybridSession:
     scores_nodes = True  # every tree is scored: the policy sizes it by its scores (SpeculationPolicy.plan)
 
     def __init__(self, drafter: HybridDrafter):
-        self.drafter = drafter
         self.config = drafter.config
         self.suffix = drafter.suffix.new_session()
         self.medusa = drafter.medusa.new_session()
-        # the last draft, until the next context tells its outcome: (context length, root token,
-        # [(source, [(token path, raw score)])])
-        self.pending: tuple[int, int, list] | None = None
 
     def attach(self, sequence) -> None:
         self.medusa.attach(sequence)
@@ -146,33 +122,11 @@ class HybridSession:
         medusa = self._medusa(context_ids, max_tokens, params, generator, max_nodes)
         if medusa.q is not None:
             return suffix
-        suffix, medusa = self._calibrated(context_ids, suffix, medusa)
         if self.config.mode == "choose":
             return choose_tree(suffix, medusa, self.config.threshold)
         if not suffix.num_nodes:
             return medusa
         return merge_trees(suffix, medusa, max_nodes)
-
-    def _calibrated(self, context_ids: list[int], suffix: DraftTree, medusa: DraftTree
-                    ) -> tuple[DraftTree, DraftTree]:
-        """Both trees with their scores replaced by their sources' measured acceptance, after
-        learning from what followed the previous draft."""
-        calibration = getattr(self.drafter, "calibration", None)
-        if calibration is None:
-            return suffix, medusa
-        if self.pending is not None:
-            length, root, drafted = self.pending
-            if len(context_ids) > length and context_ids[length - 1] == root:
-                committed = context_ids[length:]
-                for source, paths in drafted:
-                    calibration.record(source, outcomes(paths, committed[:max((len(p) for p, _ in paths),
-                                                                              default=0)]))
-        trees = (suffix, medusa)
-        self.pending = (len(context_ids), context_ids[-1] if context_ids else -1,
-                        [(source, list(zip(token_paths(t.token_ids, t.parent_ids), t.scores)))
-                         for source, t in zip(SOURCES, trees) if t.scores is not None])
-        return tuple(_rescored(t, lambda x, s=source: calibration.calibrated(s, x))
-                     for source, t in zip(SOURCES, trees))
 
     def _medusa(self, context_ids, max_tokens, params, generator, max_nodes) -> DraftTree:
         draft = getattr(self.medusa, "draft", None)
@@ -194,16 +148,13 @@ class HybridDrafter:
         self.medusa = medusa
         self.config = config
         self.default_depth = suffix.default_depth  # scored trees: the policy cuts them by cost
-        self.calibration = ScoreCalibration(SOURCES) if config.calibrate else None
 
     def new_session(self) -> HybridSession:
         return HybridSession(self)
 
     def reset(self) -> None:
-        """Forget every earlier generation (the suffix drafter's global store, the calibration)."""
+        """Forget every earlier generation (the suffix drafter's global store)."""
         self.suffix.reset()
-        if self.calibration is not None:
-            self.calibration = ScoreCalibration(SOURCES)
 
 
 def build_hybrid(target, draft_path, options: dict) -> HybridDrafter:

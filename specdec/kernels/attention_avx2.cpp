@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "attention_units.h"
+#include "avx2_bf16.h"
 #include "parts.h"
 
 namespace {
@@ -28,7 +29,7 @@ using specdec_attention_units::Call;
 using specdec_attention_units::Split;
 using specdec_attention_units::Unit;
 
-#define AVX2 __attribute__((target("avx2,fma")))
+#define AVX2 SPECDEC_AVX2
 
 constexpr int64_t KEY_BLOCK = 64;  // value rows weighed into every pair's accumulators while in L1
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
@@ -36,18 +37,13 @@ constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 template <typename T> AVX2 inline __m256 load8(const T* p);
 template <> AVX2 inline __m256 load8<float>(const float* p) { return _mm256_loadu_ps(p); }
 template <> AVX2 inline __m256 load8<at::BFloat16>(const at::BFloat16* p) {
-  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  return specdec_avx2::widen8(reinterpret_cast<const uint16_t*>(p));
 }
 
 template <typename T> AVX2 inline void store8(T* p, __m256 v);
 template <> AVX2 inline void store8<float>(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
-template <> AVX2 inline void store8<at::BFloat16>(at::BFloat16* p, __m256 v) {  // round to nearest even
-  const __m256i bits = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  const __m256i top = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
-  const __m256i packed = _mm256_packus_epi32(top, top);  // 16-bit halves; per 128-bit lane: 4 values twice
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08)));
+template <> AVX2 inline void store8<at::BFloat16>(at::BFloat16* p, __m256 v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), specdec_avx2::narrow8(v));
 }
 
 // e^x lane by lane (attention_simd.h's polynomial, ~1 ulp); exactly 0 below -87. x <= 0 here (a score

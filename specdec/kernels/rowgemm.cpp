@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "avx2_bf16.h"
 #include "parts.h"
 
 namespace {
@@ -192,11 +193,6 @@ __attribute__((target("avx512f,avx512vl,avx512bw,avx512bf16"))) void bf16_avx512
 // odd product, then the even one (VDPBF16PS's order), as two fused multiply-adds of exact products. The
 // tile runs as two halves of 16 outputs (16 ymm registers: 2R accumulators, 4 widened weights, 2 inputs).
 // Not bitwise the AVX512-BF16 path (no flush of denormals), which no result needs: a CPU runs one path.
-__attribute__((target("avx2,fma"))) inline void widen(__m256i pairs, __m256& even, __m256& odd) {
-  even = _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16));
-  odd = _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
-}
-
 __attribute__((noinline)) void store_u16_tail(uint16_t* y, __m128i v, int64_t count) {  // the rare ragged tile
   alignas(16) uint16_t buf[8];
   _mm_store_si128(reinterpret_cast<__m128i*>(buf), v);
@@ -204,10 +200,7 @@ __attribute__((noinline)) void store_u16_tail(uint16_t* y, __m128i v, int64_t co
 }
 
 __attribute__((target("avx2,fma"))) inline void store_bf16x8(uint16_t* y, __m256 v, int64_t count) {
-  const __m256i bits = _mm256_castps_si256(v);  // round to nearest even, as _mm512_cvtneps_pbh
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  const __m256i top = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
-  const __m128i packed = _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(top, top), 0x08));
+  const __m128i packed = specdec_avx2::narrow8(v);
   if (count >= 8)
     _mm_storeu_si128(reinterpret_cast<__m128i*>(y), packed);
   else if (count > 0)
@@ -226,8 +219,8 @@ __attribute__((target("avx2,fma"))) void bf16_avx2(
     for (int64_t k = 0; k < K2; ++k) {
       const uint16_t* w = wp + k * 2 * TILE + 2 * base;
       __m256 e0, o0, e1, o1;
-      widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)), e0, o0);
-      widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16)), e1, o1);
+      specdec_avx2::widen_pairs(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)), e0, o0);
+      specdec_avx2::widen_pairs(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16)), e1, o1);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const uint32_t pair = xp[r * ldx + k];
@@ -272,7 +265,7 @@ __attribute__((target("avx2,fma"))) void bf16_avx2_full(
 #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
       __m256 e, o;
-      widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + k * 2 * TILE + 16 * c)), e, o);
+      specdec_avx2::widen_pairs(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + k * 2 * TILE + 16 * c)), e, o);
       for (int r = 0; r < R; ++r) a[r][c] = _mm256_fmadd_ps(xe[r], e, _mm256_fmadd_ps(xo[r], o, a[r][c]));
     }
   }
@@ -302,24 +295,29 @@ inline int64_t group_rows(int64_t remaining, int64_t most) {
       case 10: CALL(10); break; case 11: CALL(11); break; default: CALL(12); break; } } \
   }
 
+// AVX2's rows of one tile: the first one or two take the whole tile at each k (one sequential stream from
+// memory, the next tile prefetched); the others read it from L2 in halves of 16 outputs, in balanced groups
+// of at most `most` (streamed in halves, every other line at a time, it came at half the bandwidth).
+template <typename Whole, typename Halves>
+inline void avx2_rows(int64_t M, int64_t most, Whole whole, Halves halves) {
+  const int64_t lead = std::min<int64_t>(M, 2);
+  whole(lead);
+  for (int64_t row = lead; row < M;) {
+    const int64_t rows = group_rows(M - row, most);
+    halves(row, rows);
+    row += rows;
+  }
+}
+
 // pf: the next tile (nullptr: none); its K steps of 128 bytes are prefetched spread over the row groups.
 void f32_tile(int64_t isa, const float* wp, const float* x, int64_t ldx, int64_t K, float* y, int64_t ldy,
               int64_t nvalid, int64_t M, const char* pf) {
   if (isa == SCALAR) return f32_scalar(wp, x, ldx, K, y, ldy, nvalid, M);
   if (isa == AVX2) {
-    // The first one or two rows take the whole tile at each k: one sequential stream from memory (and the
-    // next tile prefetched). The other rows read it from L2 in halves of 16 outputs: streamed that way,
-    // every other line at a time, it came at half the bandwidth.
-    const int64_t lead = std::min<int64_t>(M, 2);
 #define CALL_AVX2_FULL(R) f32_avx2_full<(R) <= 2 ? (R) : 2>(wp, x, ldx, K, y, ldy, nvalid, pf, 0, K)
-    ROWS_SWITCH(lead, CALL_AVX2_FULL, 6)
-    for (int64_t row = lead; row < M;) {
-      const int64_t rows = group_rows(M - row, 6);
 #define CALL_AVX2(R) f32_avx2<(R) <= 6 ? (R) : 6>(wp, x + row * ldx, ldx, K, y + row * ldy, ldy, nvalid)
-      ROWS_SWITCH(rows, CALL_AVX2, 6)
-      row += rows;
-    }
-    return;
+    return avx2_rows(M, 6, [&](int64_t lead) { ROWS_SWITCH(lead, CALL_AVX2_FULL, 6) },
+                     [&](int64_t row, int64_t rows) { ROWS_SWITCH(rows, CALL_AVX2, 6) });
   }
   const int64_t groups = (M + 11) / 12;
   for (int64_t row = 0, g = 0; row < M; ++g) {
@@ -333,18 +331,12 @@ void f32_tile(int64_t isa, const float* wp, const float* x, int64_t ldx, int64_t
 
 void bf16_tile(int64_t isa, const uint16_t* wp, const uint32_t* xp, int64_t ldx, int64_t K2, char* y, int64_t ldy,
                int64_t elem, int64_t nvalid, int64_t M, bool out_fp32, const char* pf) {
-  if (isa != AVX512_BF16) {  // AVX2: as f32_tile's AVX2 branch
-    const int64_t lead = std::min<int64_t>(M, 2);
+  if (isa != AVX512_BF16) {
 #define CALL_BF16_FULL(R) bf16_avx2_full<(R) <= 2 ? (R) : 2>(wp, xp, ldx, K2, y, ldy, nvalid, out_fp32, pf, 0, K2)
-    ROWS_SWITCH(lead, CALL_BF16_FULL, 6)
-    for (int64_t row = lead; row < M;) {
-      const int64_t rows = group_rows(M - row, 5);
 #define CALL_BF16_AVX2(R) \
   bf16_avx2<(R) <= 5 ? (R) : 5>(wp, xp + row * ldx, ldx, K2, y + row * ldy * elem, ldy, nvalid, out_fp32)
-      ROWS_SWITCH(rows, CALL_BF16_AVX2, 6)
-      row += rows;
-    }
-    return;
+    return avx2_rows(M, 5, [&](int64_t lead) { ROWS_SWITCH(lead, CALL_BF16_FULL, 6) },
+                     [&](int64_t row, int64_t rows) { ROWS_SWITCH(rows, CALL_BF16_AVX2, 6) });
   }
   const int64_t groups = (M + 11) / 12;
   for (int64_t row = 0, g = 0; row < M; ++g) {

@@ -34,7 +34,7 @@ def test_report_schema_all_methods_both_modes(chat_models, question_file, tmp_pa
     # every available method by default, plain first; self-drafting heads need a checkpoint the tiny target lacks
     heads = ("medusa", "eagle", "eagle3", "hybrid")
     assert names == [m.name for m in METHODS if m.available and m.drafter not in heads]
-    assert set(report["settings"]["skipped_methods"]) == {"medusa", "eagle", "eagle3", "hybrid", "hybrid-calibrated", "hybrid-choose"}
+    assert set(report["settings"]["skipped_methods"]) == {"medusa", "eagle", "eagle3", "hybrid", "hybrid-choose"}
     assert report["settings"]["checkpoints"] == {"draft": chat_models[1]}
     assert [r["mode"] for r in report["runs"]] == ["greedy", "sampling"]
     greedy, sampling = report["runs"]

@@ -12,8 +12,7 @@ from distribution import assert_follows, exact_joint, target_next_probs
 from specdec import Engine, SamplingParams
 from specdec.batch import generate_batch
 from specdec.core.tree import DraftTree
-from specdec.drafters.hybrid import SOURCES, HybridConfig, HybridSession, choose_tree, merge_trees
-from specdec.drafters.hybrid_calibration import ScoreCalibration, outcomes
+from specdec.drafters.hybrid import HybridConfig, HybridSession, choose_tree, merge_trees
 from specdec.errors import InvalidArgument
 
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], [40, 41, 42, 43, 1, 2], [11, 12]]
@@ -81,42 +80,10 @@ class _Fixed:
         return self.tree
 
 
-def _session(suffix: DraftTree, medusa: DraftTree, mode: str = "union", drafter=None) -> HybridSession:
+def _session(suffix: DraftTree, medusa: DraftTree, mode: str = "union") -> HybridSession:
     session = HybridSession.__new__(HybridSession)
     session.config, session.suffix, session.medusa = HybridConfig(mode=mode), _Fixed(suffix), _Fixed(medusa)
-    session.drafter, session.pending = drafter, None  # None: no calibration, the trees as proposed
     return session
-
-
-def test_outcomes_are_read_from_the_committed_tokens():
-    drafted = [((5,), 0.9), ((5, 6), 0.5), ((7,), 0.3), ((5, 6, 8), 0.2), ((5, 9, 1), 0.1)]
-    # (5, 6, 8) goes deeper than what was committed and agrees with it: no outcome yet
-    assert outcomes(drafted, [5, 6]) == [(0.9, True), (0.5, True), (0.3, False), (0.1, False)]
-
-
-def test_calibration_learns_each_sources_acceptance_per_score_bin():
-    calibration = ScoreCalibration(("a", "b"))
-    assert calibration.calibrated("a", 0.6) == pytest.approx(0.6)  # nothing learnt: the raw score
-    calibration.record("a", [(0.65, False)] * 50)
-    calibration.record("b", [(0.65, True)] * 50)
-    assert calibration.calibrated("a", 0.6) < 0.1 and calibration.calibrated("b", 0.6) > 0.9
-    assert calibration.calibrated("a", 0.2) == pytest.approx(0.2)  # another bin: untouched
-
-
-def test_session_learns_from_what_followed_its_draft():
-    """After 10 11 12 was committed, the suffix path that said so scores higher and Medusa's wrong
-    guesses lower than as proposed; every node stays no likelier than its parent."""
-    class Drafter:
-        calibration = ScoreCalibration(SOURCES)
-
-    session = _session(SUFFIX, MEDUSA, drafter=Drafter())
-    first = _paths(session.propose([1, 2], 4, GREEDY, None))
-    assert first == _paths(merge_trees(SUFFIX, MEDUSA))  # nothing learnt yet (prior = raw score)
-    second = session.propose([1, 2, 10, 11, 12], 4, GREEDY, None)
-    learnt = _paths(second)
-    assert learnt[(10,)] > first[(10,)] and learnt[(10, 11, 12)] > first[(10, 11, 12)]
-    assert learnt[(30,)] < first[(30,)] and learnt[(10, 11, 13)] < first[(10, 11, 13)]
-    assert all(p < 0 or second.scores[i] <= second.scores[p] for i, p in enumerate(second.parent_ids))
 
 
 @pytest.mark.parametrize("mode", ["union", "choose"])
@@ -133,8 +100,7 @@ def test_a_sampled_sub_tree_is_never_merged(mode):
     assert _paths(propose(_session(SUFFIX, MEDUSA, "union"))) == _paths(merge_trees(SUFFIX, MEDUSA))
 
 
-@pytest.mark.parametrize("options", [dict(mode="union"), dict(mode="union", calibrate=True), dict(mode="choose")],
-                         ids=["union", "calibrated", "choose"])
+@pytest.mark.parametrize("options", [dict(mode="union"), dict(mode="choose")], ids=["union", "choose"])
 def test_greedy_equals_plain_decoding_alone_and_batched(tiny_target, tiny_medusa_dir, options):
     plain = Engine.from_pretrained(target=tiny_target)
     hybrid = Engine.from_pretrained(target=tiny_target, drafter="hybrid", draft=str(tiny_medusa_dir),
@@ -213,6 +179,5 @@ def test_every_entry_point_accepts_the_hybrid_drafter():
     assert parser.parse_args(["loadtest", "--drafter", "hybrid"]).drafter == "hybrid"
     served = stack_config(parser.parse_args(["serve", "--drafter", "hybrid"]))
     assert served.drafts == () and served.targets[0].drafter == "hybrid"  # it reads the target's features
-    assert [m.drafter for m in resolve_methods(["hybrid", "hybrid-calibrated", "hybrid-choose"])] == \
-        ["none", "hybrid", "hybrid", "hybrid"]
+    assert [m.drafter for m in resolve_methods(["hybrid", "hybrid-choose"])] == ["none", "hybrid", "hybrid"]
     assert "hybrid" in DEFAULT_METHODS
