@@ -18,13 +18,13 @@ import time
 import torch
 
 from specdec import parallel
+from specdec.drafters import SELF_DRAFTERS
 from specdec.errors import InvalidArgument
 from specdec.config_fields import config_to_argv
 from specdec.serving_config import TargetConfig
 
 COLLECTIVE_TIMEOUT_S = 300.0  # longest any rank waits in one collective before giving up
 GRACE_S = 15.0  # the launcher's wait for ranks to stop before it kills them
-SELF_DRAFT_HEADS = ("medusa", "eagle", "eagle3", "hybrid")  # read the unsplit LM head, which a tensor-parallel target lacks
 
 
 def check(config: TargetConfig) -> None:
@@ -33,7 +33,7 @@ def check(config: TargetConfig) -> None:
 
     from specdec.models.loader import resolve_path
 
-    if config.tp > 1 and config.drafter in SELF_DRAFT_HEADS:
+    if config.tp > 1 and config.drafter in SELF_DRAFTERS:  # they read the unsplit LM head, which TP lacks
         raise InvalidArgument(f"--drafter {config.drafter} reads the target's whole LM head, which --tp "
                               f"{config.tp} splits; use --tp 1, or a draft worker / --drafter ngram or draft")
     parallel.check_tp_degree(AutoConfig.from_pretrained(resolve_path(config.model), local_files_only=True), config.tp)

@@ -11,9 +11,9 @@ import threading
 
 from specdec.core.types import DEFAULT_LINEAR_KERNEL, LINEAR_KERNELS
 from specdec.config_fields import add_config_args, config_from_args
+from specdec.drafters import SELF_DRAFTERS  # read the target's features: they run inside the target worker
 from specdec.serving_config import DraftConfig, RouterConfig, StackConfig, TargetConfig, load_stack_config
 
-SELF_DRAFTERS = ("medusa", "eagle", "eagle3", "hybrid")  # read the target's features: they run inside the target worker
 DRAFTERS = ("ngram", "suffix", "draft") + SELF_DRAFTERS
 DEFAULT_DRAFTER = "ngram"  # the local stack's drafter unless --drafter says otherwise
 DRAFT_PLACES = ("worker", "target")  # where a drafter that could run in either place runs (--draft-in)

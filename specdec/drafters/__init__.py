@@ -57,14 +57,14 @@ def build_drafter(name: str, target, draft_path, options: dict, dtype, runner_co
         from specdec.drafters.suffix import SuffixConfig, SuffixDrafter
 
         return SuffixDrafter(SuffixConfig(**options))
-    if name in ("medusa", "eagle", "eagle3"):
-        from specdec.drafters.trained import build_self_drafter
-
-        return build_self_drafter(name, target, draft_path, options)
     if name == "hybrid":
         from specdec.drafters.hybrid import build_hybrid
 
         return build_hybrid(target, draft_path, options)
+    if name in SELF_DRAFTERS:
+        from specdec.drafters.trained import build_self_drafter
+
+        return build_self_drafter(name, target, draft_path, options)
     from specdec.drafters.draft_model import DraftModelConfig, DraftModelDrafter
     from specdec.drafters.trained import shipped_checkpoint
     from specdec.models.loader import load_model, random_draft_path
