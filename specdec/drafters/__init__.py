@@ -13,8 +13,8 @@ DRAFTER_OPTIONS = {
     "suffix": SUFFIX_OPTIONS,
     "draft": {"tree_width", "q_top_n"},
     "medusa": {"num_nodes"},
-    "eagle": {"num_nodes", "top_k", "depth"},
-    "eagle3": {"num_nodes", "top_k", "depth"},
+    "eagle": {"num_nodes", "top_k", "depth", "min_path_prob"},
+    "eagle3": {"num_nodes", "top_k", "depth", "min_path_prob"},
     # suffix decoding's options, and specdec.drafters.hybrid.HybridConfig's
     "hybrid": SUFFIX_OPTIONS | {"mode", "threshold", "medusa_nodes"},
 }

@@ -34,6 +34,7 @@ class EagleConfig:
     top_k: int = 8  # children per expanded node, and nodes expanded per depth
     depth: int = 6  # tree depth
     num_nodes: int = 24  # the rerank budget: nodes sent to verification
+    min_path_prob: float = 0.4  # drafting stops once no new node's path is this likely (0: always full depth)
     feature_layers: tuple[int, ...] = ()  # EAGLE-3: hidden_states indices fused as input; () = the last feature
 
     @property
@@ -70,14 +71,29 @@ class RMSNorm(torch.nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """x [B, heads, n, d] rotated by positions [n] (Llama's rotate-half convention)."""
-    d = x.shape[-1]
-    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d)  # [d/2]
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) [n, d] for positions [n] (Llama's rotate-half convention), angles in float32; built
+    once per forward and applied to both queries and keys."""
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
     angles = positions.float()[:, None] * inv[None]  # [n, d/2]
-    cos, sin = torch.cat([angles, angles], -1).cos().to(x.dtype), torch.cat([angles, angles], -1).sin().to(x.dtype)
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    return x * cos + torch.cat([-x2, x1], -1) * sin
+    angles = torch.cat([angles, angles], -1)  # [n, d]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, heads, n, d] rotated by the tables of rope_tables."""
+    d = x.shape[-1]
+    return x * cos + torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1) * sin
+
+
+def sdpa_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """q [B, heads, n, d], k / v [B, kv_heads, L, d], mask bool [n, L] (True = attend) or None (causal,
+    n == L) -> [B, n, heads, d]. torch's attention: differentiable, for training and any device."""
+    group = q.shape[1] // k.shape[1]
+    kk, vv = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [B, heads, L, d]
+    out = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, is_causal=mask is None and q.shape[2] > 1)
+    return out.transpose(1, 2)
 
 
 class EagleHead(torch.nn.Module):
@@ -98,6 +114,7 @@ class EagleHead(torch.nn.Module):
         if c.feature_layers:  # EAGLE-3: fused layers in, the head's own final norm before the LM head
             self.fuse = torch.nn.Linear(c.num_fused * h, h, bias=False)
             self.norm = RMSNorm(h, c.rms_eps)
+        self.attend = sdpa_attend  # the drafter may point it at specdec's attention kernel (same contract)
 
     def lm_input(self, out: torch.Tensor) -> torch.Tensor:
         """out [..., H] (the layer's output) -> what the LM head reads."""
@@ -115,18 +132,17 @@ class EagleHead(torch.nn.Module):
             feats = self.fuse(feats)
         x = self.fc(torch.cat([feats, embeds], dim=-1))  # [B, n, H]
         y = self.input_norm(x)
-        q = rope(self.q_proj(y).view(b, n, c.num_heads, c.head_dim).transpose(1, 2), positions, c.rope_theta)
-        k = rope(self.k_proj(y).view(b, n, c.num_kv_heads, c.head_dim).transpose(1, 2), positions, c.rope_theta)
+        cos, sin = rope_tables(positions, c.head_dim, c.rope_theta, y.dtype)
+        q = apply_rope(self.q_proj(y).view(b, n, c.num_heads, c.head_dim).transpose(1, 2), cos, sin)
+        k = apply_rope(self.k_proj(y).view(b, n, c.num_kv_heads, c.head_dim).transpose(1, 2), cos, sin)
         v = self.v_proj(y).view(b, n, c.num_kv_heads, c.head_dim).transpose(1, 2)
         if past is not None:
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
-        group = c.num_heads // c.num_kv_heads
-        kk, vv = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [B, heads, L + n, d]
         if mask is None and past is not None and past[0].shape[2] > 0:
             num_past = past[0].shape[2]
             mask = torch.ones(n, num_past + n, dtype=torch.bool, device=q.device).tril(num_past)
-        attn = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, is_causal=mask is None and n > 1)
-        x = x + self.o_proj(attn.transpose(1, 2).reshape(b, n, c.num_heads * c.head_dim))
+        attn = self.attend(q, k, v, mask)  # [B, n, heads, d]
+        x = x + self.o_proj(attn.reshape(b, n, c.num_heads * c.head_dim))
         y = self.post_norm(x)
         x = x + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
         return x, (k, v)

@@ -27,8 +27,13 @@ constexpr int64_t TILE = 32;
 // 2 threads: 52.6 -> 43.1 tok/s float32, 87.3 -> 61.0 bfloat16, when every call was split).
 // A one-row call whose weights take much longer to stream than a wake-up (the LM head: 113 MB in float32)
 // is split all the same. (The decoder's own calls run inside layer.cpp's team and never come here.)
+// A few rows over a small weight (a drafting head's layers: 0.2-2 MB) also run alone: the pool's other thread
+// sleeps between forwards (OMP_WAIT_POLICY=PASSIVE), and waking it for each of a head's ~10 calls a level cost
+// more than half the call saved (EAGLE-3 drafting over four answers: 2.0 s split, 1.0 s alone, 2 threads).
 constexpr int64_t MIN_PARALLEL_ROWS = 2;
 constexpr int64_t MIN_SPLIT_BYTES = int64_t{16} << 20;
+constexpr int64_t MIN_SPLIT_ROW_BYTES = int64_t{4} << 20;   // weights worth splitting for 2+ rows
+constexpr int64_t MIN_SPLIT_MACS = int64_t{32} << 20;       // or arithmetic worth it (prefill chunks)
 enum Isa : int64_t { SCALAR = 0, AVX2 = 1, AVX512 = 2, AVX512_BF16 = 3 };
 
 int64_t best_isa() {
@@ -389,7 +394,10 @@ torch::Tensor rowgemm(torch::Tensor x, torch::Tensor packed, int64_t n_out, int6
   auto out_dtype = bf16 && !out_fp32 ? at::kBFloat16 : at::kFloat;
   auto y = torch::empty({M, n_out}, x.options().dtype(out_dtype));
   if (M == 0) return y;
-  const int64_t grain = M >= MIN_PARALLEL_ROWS || packed.nbytes() >= MIN_SPLIT_BYTES ? 1 : num_tiles;
+  const int64_t bytes = packed.nbytes(), macs = M * K * num_tiles * TILE;
+  const bool split = bytes >= MIN_SPLIT_BYTES || macs >= MIN_SPLIT_MACS ||
+                     (M >= MIN_PARALLEL_ROWS && bytes >= MIN_SPLIT_ROW_BYTES);
+  const int64_t grain = split ? 1 : num_tiles;
   if (!bf16) {
     TORCH_CHECK(x.scalar_type() == at::kFloat && packed.scalar_type() == at::kFloat && packed.size(1) == K,
                 "rowgemm: float32 weights [tiles, K, 32] need float32 x [M, K]");
