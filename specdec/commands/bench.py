@@ -10,8 +10,11 @@ import argparse
 import shlex
 import sys
 
+from specdec.bench.main import SPEC_BENCH_NEW_TOKENS
 from specdec.bench.methods import METHODS
 from specdec.bench.runner import MODES
+
+WORKLOAD_NEW_TOKENS = 64  # the workload tables' setting
 
 
 def add_parser(subparsers) -> None:
@@ -27,7 +30,9 @@ def add_parser(subparsers) -> None:
                    help=f"default: every available one of {', '.join(names)} (plain, the baseline, always runs)")
     p.add_argument("--mode", choices=(*MODES, "both"), default="both",
                    help="greedy (with the equality check), sampling, or both (default)")
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help=f"new tokens per answer (default: Spec-Bench {SPEC_BENCH_NEW_TOKENS}, workloads "
+                        f"{WORKLOAD_NEW_TOKENS})")
     p.add_argument("--temperature", type=float, default=0.7, help="the sampling mode's temperature (default 0.7)")
     p.add_argument("--top-p", type=float, default=0.9, help="the sampling mode's top-p (default 0.9)")
     p.add_argument("--seed", type=int, default=0, help="sampling: question i uses seed + i")
@@ -60,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.workloads is not None:
         return run_workloads(args)
+    if args.max_new_tokens is None:
+        args.max_new_tokens = SPEC_BENCH_NEW_TOKENS
     args.out = args.out or "benchmarks/out"
     if args.render_only:
         return _summarize(args, *render_existing(args.out, not args.no_plots))
@@ -83,6 +90,8 @@ def run_workloads(args: argparse.Namespace) -> int:
 
     if args.render_only:
         raise InvalidArgument("--render-only applies to Spec-Bench runs, not --workloads")
+    if args.max_new_tokens is None:
+        args.max_new_tokens = WORKLOAD_NEW_TOKENS
     if args.prompts_per_workload < 0 or args.max_new_tokens < 1 or not 1 <= (args.num_speculative_tokens or 1) <= 64:
         raise InvalidArgument("need --prompts-per-workload >= 0, --max-new-tokens >= 1 and "
                               "--num-speculative-tokens in [1, 64]")
