@@ -18,10 +18,9 @@ unlikely would rarely be verified, let alone accepted.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
-
-import math
 
 import torch
 
