@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
                 reference = out.token_ids
             elif out.token_ids != reference:
                 mismatches.append((q.question_id, m))
-            print(f"q{q.question_id} {q.category:15s} {m:7s} tau {s.tau:.2f} tok/s {s.tokens_per_s:.1f}", flush=True)
+            print(f"q{q.question_id} {q.category:15s} {m:7s} tau {s.tau:.2f} ({s.num_new_tokens} tokens / "
+                  f"{s.num_target_forwards} forwards) tok/s {s.tokens_per_s:.1f}", flush=True)
     plain = engines[methods[0]]
     costs = {"target_forward_ms": forward_cost_ms(plain.runner)}
     if "draft" in engines:
