@@ -6,6 +6,7 @@ Recipes are seeded; a run stopped by its time budget records how many steps it t
 from __future__ import annotations
 
 import json
+import math
 import platform
 import sys
 import time
@@ -61,6 +62,19 @@ class BudgetBar:
         if self.budget.max_steps:
             return min(self.steps / self.budget.max_steps, 1.0)
         return min(self.elapsed_s / (self.budget.minutes * 60), 1.0)
+
+
+def learning_rate(recipe, step: int, fraction: float) -> float:
+    """The step size at global `step`, `fraction` (0..1) of the way through this sitting's budget.
+
+    recipe: any recipe with lr, warmup_steps, lr_schedule and min_lr_ratio. Linear warm-up over warmup_steps,
+    then "constant" (lr: sittings that more will follow) or "cosine" (down to lr * min_lr_ratio by the budget's
+    end: a run's last sitting, where the loss falls further once the step size shrinks)."""
+    warmup = min(1.0, (step + 1) / max(recipe.warmup_steps, 1))
+    if recipe.lr_schedule == "constant":
+        return recipe.lr * warmup
+    floor = recipe.lr * recipe.min_lr_ratio
+    return warmup * (floor + (recipe.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * fraction)))
 
 
 def reduced_vocab(fs: FeatureSet, size: int) -> torch.Tensor:

@@ -10,7 +10,6 @@ the training minutes summed over the sittings.
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,7 +17,8 @@ from pathlib import Path
 import torch
 
 from specdec.drafters.eagle_layer import EagleConfig, EagleHead, save_eagle
-from specdec.training.common import Budget, command_line, reduced_vocab, save_loss_curve, to_reduced, write_recipe
+from specdec.training.common import (Budget, command_line, learning_rate, reduced_vocab, save_loss_curve, to_reduced,
+                                     write_recipe)
 from specdec.training.features import FeatureSet
 from specdec.training.ttt import ttt_losses
 
@@ -176,15 +176,6 @@ def train_eagle3(fs: FeatureSet, model, recipe: Eagle3Recipe, budget: Budget, ou
                        "num_train_tokens": len(train.ids), "num_heldout_tokens": len(heldout.ids),
                        **(extra or {}), "result": summary})
     return summary
-
-
-def learning_rate(recipe: Eagle3Recipe, step: int, fraction: float) -> float:
-    """The step size at global `step`, `fraction` (0..1) of the way through this sitting's budget."""
-    warmup = min(1.0, (step + 1) / recipe.warmup_steps)
-    if recipe.lr_schedule == "constant":
-        return recipe.lr * warmup
-    floor = recipe.lr * recipe.min_lr_ratio
-    return warmup * (floor + (recipe.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * fraction)))
 
 
 @torch.no_grad()

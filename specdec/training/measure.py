@@ -2,6 +2,9 @@
 
     python -m specdec.training.measure --per-category 2 --max-new-tokens 96 --out specdec/checkpoints/measured.json
 
+A method may be a label for a drafter with another checkpoint (--draft LABEL=DRAFTER:DIR), so two checkpoints of
+one drafter are compared on the same questions in the same run.
+
 Questions are evaluation data only (never training). Methods run interleaved per question so that
 load changes on a shared machine hit every method alike; every drafter's greedy output is checked
 against plain decoding's in the same run (lossless), and the draft model's forward cost is timed
@@ -49,8 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-speculative-tokens", type=int, default=8)
     p.add_argument("--option", action="append", default=[], metavar="DRAFTER:KEY=VALUE",
                    help="a drafter option (integer), e.g. eagle3:num_nodes=60; repeatable")
+    p.add_argument("--draft", action="append", default=[], metavar="LABEL=DRAFTER:DIR",
+                   help="method LABEL (named in --methods) is DRAFTER with the checkpoint DIR, e.g. "
+                        "medusa-new=medusa:runs/medusa; repeatable")
     p.add_argument("--out", default=None, help="JSON results file")
     args = p.parse_args(argv)
+    drafts = dict(parse_draft(p, item) for item in args.draft)
     options: dict[str, dict[str, int]] = defaultdict(dict)
     for item in args.option:
         try:
@@ -62,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     questions = load_questions(resolve_questions_path(args.questions), args.per_category)
     methods = args.methods.split(",")
-    engines = {m: Engine.from_pretrained(drafter=m, adaptive=not args.no_adaptive,
+    engines = {m: Engine.from_pretrained(drafter=drafts.get(m, (m, None))[0], draft=drafts.get(m, (m, None))[1],
+                                         adaptive=not args.no_adaptive,
                                          num_speculative_tokens=args.num_speculative_tokens, **options.get(m, {}))
                for m in methods}
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
@@ -84,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
                 reference = out.token_ids
             elif out.token_ids != reference:
                 mismatches.append((q.question_id, m))
-            print(f"q{q.question_id} {q.category:15s} {m:7s} tau {s.tau:.2f} tok/s {s.tokens_per_s:.1f}", flush=True)
+            print(f"q{q.question_id} {q.category:15s} {m:7s} tau {s.tau:.2f} ({s.num_new_tokens} tokens / "
+                  f"{s.num_target_forwards} forwards) tok/s {s.tokens_per_s:.1f}", flush=True)
     plain = engines[methods[0]]
     costs = {"target_forward_ms": forward_cost_ms(plain.runner)}
     if "draft" in engines:
@@ -99,13 +108,22 @@ def main(argv: list[str] | None = None) -> int:
                       "speedup": tps / (base["tokens"] / max(base["seconds"], 1e-9))})
     result = {"questions": [q.question_id for q in questions], "max_new_tokens": args.max_new_tokens,
               "adaptive": not args.no_adaptive, "num_speculative_tokens": args.num_speculative_tokens,
-              "threads": args.threads, "drafter_options": options, "lossless_mismatches": mismatches, "costs": costs,
+              "threads": args.threads, "drafter_options": options, "drafts": drafts, "lossless_mismatches": mismatches, "costs": costs,
               "table": table}
     print(json.dumps(result, indent=1))
     print(render_table(result))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
+
+
+def parse_draft(parser: argparse.ArgumentParser, item: str) -> tuple[str, tuple[str, str]]:
+    """LABEL=DRAFTER:DIR -> (LABEL, (DRAFTER, DIR))."""
+    label, _, rest = item.partition("=")
+    drafter, _, directory = rest.partition(":")
+    if not (label and drafter and directory):
+        parser.error(f"--draft takes LABEL=DRAFTER:DIR, got {item!r}")
+    return label, (drafter, directory)
 
 
 def render_table(result: dict) -> str:

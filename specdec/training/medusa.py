@@ -15,9 +15,10 @@ from pathlib import Path
 
 import torch
 
-from specdec.drafters.medusa import MedusaConfig, MedusaHeads, save_medusa
-from specdec.training.common import (BestKeeper, Budget, positions_with_offsets, prepare, save_loss_curve,
-                                     skip_prompt_start, to_reduced, write_recipe)
+from specdec.drafters.medusa import MedusaConfig, MedusaHeads, load_medusa, save_medusa
+from specdec.errors import InvalidArgument
+from specdec.training.common import (BestKeeper, Budget, learning_rate, positions_with_offsets, prepare,
+                                     save_loss_curve, skip_prompt_start, to_reduced, write_recipe)
 from specdec.training.features import FeatureSet
 
 
@@ -27,6 +28,11 @@ class MedusaRecipe:
     vocab_size: int = 8192  # reduced draft vocabulary (most frequent target tokens)
     batch_size: int = 256  # positions per step
     lr: float = 1e-3
+    warmup_steps: int = 1  # none: the heads start as the identity (the LM head's own guess), a sound start
+    # "constant": lr throughout (the first, 10-minute heads); "cosine": down to lr * min_lr_ratio over the budget
+    # (a long run: the last gains come once the step size shrinks)
+    lr_schedule: str = "constant"
+    min_lr_ratio: float = 0.05
     weight_decay: float = 0.0
     head_decay: float = 0.8  # loss weight of head i is head_decay ** i (later heads are less certain)
     num_tree_nodes: int = 48  # the most nodes considered; the budget actually shipped is chosen by cost
@@ -44,13 +50,18 @@ def head_logits(heads: MedusaHeads, feats: torch.Tensor, head_weight: torch.Tens
 
 
 def train_medusa(fs: FeatureSet, head_weight_full: torch.Tensor, recipe: MedusaRecipe, budget: Budget,
-                 out: Path, extra: dict | None = None) -> dict:
-    """Train, choose the tree, save heads + config + loss curve + recipe into `out`; return the summary."""
+                 out: Path, extra: dict | None = None, init: Path | None = None) -> dict:
+    """Train, choose the tree, save heads + config + loss curve + recipe into `out`; return the summary.
+
+    init: a Medusa checkpoint the heads start from instead of the identity (a run continued on new text
+    with a fresh optimizer; the heads read hidden states, so the reduced vocabulary is chosen afresh)."""
     gen, train, heldout, vocab_ids = prepare(fs, recipe)
     full_vocab = head_weight_full.shape[0]
     head_weight = head_weight_full[vocab_ids].float()  # [V', H] frozen
     hidden_size = head_weight.shape[1]
     heads = MedusaHeads(recipe.num_heads, hidden_size)
+    if init is not None:
+        heads.load_state_dict(initial_heads(Path(init), recipe.num_heads, hidden_size).state_dict())
     opt = torch.optim.AdamW(heads.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
     positions = positions_with_offsets(train, recipe.num_heads)  # t with labels t+1 .. t+K in-sequence
     offsets = torch.arange(1, recipe.num_heads + 1)  # [K]
@@ -63,6 +74,8 @@ def train_medusa(fs: FeatureSet, head_weight_full: torch.Tensor, recipe: MedusaR
     for step in bar:
         if step % recipe.eval_every == 0:
             keeper.offer(heldout_score(heads, heldout, held_pos, vocab_ids, head_weight, weights), step)
+        for group in opt.param_groups:
+            group["lr"] = learning_rate(recipe, step, bar.fraction)
         t = positions[torch.randint(len(positions), (recipe.batch_size,), generator=gen)]  # [B]
         labels = to_reduced(train.next_ids[t[:, None] + offsets], vocab_ids, full_vocab)  # [B, K]
         logits = head_logits(heads, train.features[t].float(), head_weight)  # [B, K, V']
@@ -88,6 +101,15 @@ def train_medusa(fs: FeatureSet, head_weight_full: torch.Tensor, recipe: MedusaR
     write_recipe(out, {"recipe": "medusa", "config": asdict(recipe), "budget": asdict(budget),
                        "num_train_tokens": len(train.ids), **(extra or {}), "result": summary})
     return summary
+
+
+def initial_heads(path: Path, num_heads: int, hidden_size: int) -> MedusaHeads:
+    """The float32 heads of the checkpoint at `path`, refused unless they have this recipe's shape."""
+    heads, _, config = load_medusa(path, torch.float32)
+    if (config.num_heads, config.hidden_size) != (num_heads, hidden_size):
+        raise InvalidArgument(f"--init {str(path)!r}: {config.num_heads} heads of width {config.hidden_size}, "
+                              f"the recipe trains {num_heads} of width {hidden_size}")
+    return heads.requires_grad_(True)
 
 
 @torch.no_grad()

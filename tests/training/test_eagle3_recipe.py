@@ -68,8 +68,10 @@ def test_cosine_schedule_decays_over_the_sitting_and_warms_up_once():
 
 @pytest.mark.parametrize("args", [["train", "eagle", "--resume"], ["train", "draft", "--lr-schedule", "cosine"], ["train", "draft", "--cached-only"],
                                   ["train", "eagle3", "--minutes", "0"], ["train", "eagle3", "--max-new-tokens", "0"],
-                                  ["train", "eagle3", "--shards", "x:y"], ["train", "medusa", "--lr", "1e-4"],
-                                  ["train", "eagle3", "--lr", "0"]])
+                                  ["train", "eagle3", "--shards", "x:y"], ["train", "eagle", "--lr", "1e-4"],
+                                  ["train", "eagle3", "--lr", "0"], ["train", "medusa", "--lr", "0"],
+                                  ["train", "medusa", "--resume"], ["train", "eagle3", "--bf16-features"],
+                                  ["train", "eagle", "--init", "x"]])
 def test_bad_arguments_exit_2(args, capsys):
     assert main(args) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1

@@ -46,6 +46,58 @@ def test_every_recipe_trains_from_the_cli_and_reuses_the_feature_cache(tiny_chat
             assert tree.num_nodes == 6 and set(tree.token_ids) <= vocab
 
 
+def test_medusa_takes_a_cosine_schedule_and_bf16_features_from_the_cli(tiny_chat_target, tmp_path):
+    common = ["--target", str(tiny_chat_target), "--steps", "3", "--shards", "0:3:2", "--max-new-tokens", "6",
+              "--cache", str(tmp_path / "cache")]
+    assert main(["train", "medusa", *common, "--out", str(tmp_path / "fp32")]) == 0
+    out = tmp_path / "medusa"
+    assert main(["train", "medusa", *common, "--out", str(out), "--lr-schedule", "cosine", "--lr", "2e-3",
+                 "--bf16-features"]) == 0
+    record = json.loads((out / "recipe.json").read_text())
+    assert record["config"]["lr_schedule"] == "cosine" and record["config"]["lr"] == 2e-3
+    assert record["result"]["steps"] == 3 and record["feature_shards"][0]["bf16"] is True
+    metas = [json.loads((d / "meta.json").read_text()) for d in (tmp_path / "cache" / "features").iterdir()]
+    assert sorted(m["config"]["bf16"] for m in metas) == [False, True]  # cached apart, neither reused for the other
+    greedy = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    want = Engine.from_pretrained(target=str(tiny_chat_target)).generate([1, 2, 3, 4], greedy).token_ids
+    engine = Engine.from_pretrained(target=str(tiny_chat_target), drafter="medusa", draft=str(out))
+    assert engine.generate([1, 2, 3, 4], greedy).token_ids == want
+    # a run continued from those heads records what it started from
+    assert main(["train", "medusa", *common, "--out", str(tmp_path / "more"), "--init", str(out)]) == 0
+    record = json.loads((tmp_path / "more" / "recipe.json").read_text())
+    assert record["init"]["dir"] == str(out) and record["init"]["steps"] == 3
+    assert f"Started from `{out}`" in (tmp_path / "more" / "README.md").read_text()
+
+
+def test_medusa_init_loads_the_checkpoint_heads_of_the_same_shape(tmp_path):
+    from specdec.drafters.medusa import MedusaConfig, MedusaHeads, save_medusa
+    from specdec.errors import InvalidArgument
+    from specdec.training.medusa import initial_heads
+
+    heads = MedusaHeads(2, 8)
+    for block in heads.blocks:
+        torch.nn.init.normal_(block.weight)
+    save_medusa(tmp_path, heads, torch.arange(5), MedusaConfig(2, 8, 16))
+    loaded = initial_heads(tmp_path, 2, 8)
+    for want, got in zip(heads.state_dict().values(), loaded.state_dict().values()):
+        assert torch.equal(want.to(torch.bfloat16).float(), got)  # shipped bf16, trained on in float32
+    assert all(p.requires_grad for p in loaded.parameters())
+    with pytest.raises(InvalidArgument, match="3 of width 8"):
+        initial_heads(tmp_path, 3, 8)
+
+
+def test_medusa_schedule_keeps_the_first_heads_constant_rate_and_decays_a_cosine_run():
+    from specdec.training.common import learning_rate
+    from specdec.training.medusa import MedusaRecipe
+
+    constant = MedusaRecipe()  # the shipped heads' recipe: 1e-3 from the first step, no warm-up
+    assert [learning_rate(constant, s, f) for s, f in ((0, 0.0), (700, 0.5), (1400, 1.0))] == [1e-3] * 3
+    cosine = MedusaRecipe(lr_schedule="cosine", min_lr_ratio=0.1)
+    rates = [learning_rate(cosine, i * 50, i / 20) for i in range(21)]
+    assert rates[0] == pytest.approx(1e-3) and rates[10] == pytest.approx(1e-4 + 0.5 * 9e-4)
+    assert rates[-1] == pytest.approx(1e-4) and all(a >= b for a, b in zip(rates, rates[1:]))
+
+
 def test_bad_budget_is_refused(capsys):
     assert main(["train", "medusa", "--minutes", "0"]) == 2
     assert "--minutes" in capsys.readouterr().err
@@ -79,3 +131,14 @@ def test_shard_ranges_expand_to_one_shard_per_seed():
         (3, 7, 2, 64), (4, 7, 2, 64), (5, 7, 2, 64)]
     with pytest.raises(InvalidArgument, match="empty"):
         parse_shards("5-3:7:2", 64)
+
+
+def test_measure_labels_another_checkpoint_of_a_drafter():
+    import argparse
+
+    from specdec.training.measure import parse_draft
+
+    parser = argparse.ArgumentParser()
+    assert parse_draft(parser, "medusa-new=medusa:runs/m") == ("medusa-new", ("medusa", "runs/m"))
+    with pytest.raises(SystemExit):
+        parse_draft(parser, "medusa-new=medusa")
