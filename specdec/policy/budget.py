@@ -18,6 +18,16 @@ Costs above the measured row counts are unknown, so every `probe_interval` steps
 `probe_tokens` more per sequence (one in batches of 4 or more) and measures it; a probe whose expected
 tokens over its measured seconds did not beat the choice's expected rate doubles the interval, so under load probing costs well under a percent.
 
+Asking for drafts has a price of its own. The cost table holds forward seconds only: once a step's
+drafts are in, getting them is spent, and the cut above weighs what verifying costs. But a step whose
+sequences were told to draft (a budget above 0) first waits for its drafts (a draft worker's round
+trip, drafting on the target's thread): that wait is paid whether the drafts turn out long, short or
+empty, and a verify of B x (R + 1) padded rows may buy one accepted token. So every such step is
+scored as it went: its expected tokens (B plus its verified nodes' P) over its forward plus that
+wait, against B over a plain step's forward at that batch (`ask_gain`, decayed; a probe's score
+replaces it, being the newest measurement of a changed load). Below `min_gain` nobody drafts: the
+budget is 0 until the next probe, and the target then waits for no draft at all.
+
 Which trees may be cut after drafting is the exactness question, answered in specdec.policy.
 """
 from __future__ import annotations
@@ -92,6 +102,9 @@ class BatchBudget:
         self.probe_expected: float | None = None  # during a probe step: the expected rate of the choice
         self.probe_gain = 0.0  # ... and the tokens the probed nodes are expected to give
         self.num_choices = 0
+        self.step_gain = 0.0  # expected tokens beyond one a sequence of the nodes this step verifies
+        self.chose = False  # choose() ran for this step (it had drafts)
+        self.ask_gain: float | None = None  # steps that asked for drafts: decayed speedup over plain steps
 
     def cap(self) -> int:
         """Most nodes the next step will verify per sequence (0 = do not draft, NO_CAP = no limit).
@@ -113,10 +126,11 @@ class BatchBudget:
         likely first. Trees that may not be cut (sampled ones) count as if cut: R is learnt for
         their next budget."""
         max_nodes = max((len(o) for o in orders), default=0)
-        self.probe_expected = None
+        self.probe_expected, self.step_gain, self.chose = None, 0.0, False
         if not self.config.enabled or max_nodes == 0:
             return NO_CAP
         self.num_choices += 1
+        self.chose = True
         best_r, best_rate, plain_rate = 0, None, None
         for r in range(max_nodes + 1):
             cost = self.costs.estimate(batch * (r + 1))
@@ -136,23 +150,50 @@ class BatchBudget:
             best_r = min(best_r + probe, max_nodes)
             self.probe_gain = batch + sum(sum(order[:best_r]) for order in orders)
         self.last_budget = NO_CAP if best_r >= max_nodes else best_r
+        self.step_gain = sum(sum(order[:best_r]) for order in orders)
         return best_r
 
-    def record(self, num_rows: int, seconds: float, num_tokens: int, batch: int) -> None:
-        """The forward's padded rows, wall seconds and tokens emitted over the batch."""
+    def record(self, num_rows: int, seconds: float, num_tokens: int, batch: int, overhead_s: float = 0.0,
+               asked: bool = False) -> None:
+        """The forward's padded rows, its wall seconds and tokens emitted over the batch; asked: the
+        step's sequences were told to draft (a budget above 0), and overhead_s is what getting their
+        drafts cost it before the forward (waiting for them, drafting on this thread)."""
         if not self.config.learn_costs:
             return
         self.costs.record(num_rows, seconds)
+        probe_due = self.steps_since_probe + 1 >= self.probe_interval
         self.steps_since_probe += 1
-        if self.probe_expected is not None:  # at its measured cost, does the probe beat the choice?
+        probed = self.probe_expected is not None
+        if asked and self.config.enabled:
+            self._score_asking(batch, seconds + overhead_s, probed)
+            if probe_due and not self.chose and self.num_choices:  # a probe that got no draft: it failed
+                self.probe_interval = min(2 * self.probe_interval, self.config.max_probe_interval)
+                self.steps_since_probe = 0
+        self.step_gain, self.chose = 0.0, False  # a step that drafted nothing calls no choose(): it gained nothing
+        if probed:  # at its measured cost, does the probe beat the choice?
             # Judged on expected tokens, not the tokens this one step drew: at acceptance 0.3 a 2-node
             # probe gains nothing 70% of the time, and judging by that luck backed probing off for good
             # while drafting would pay (a flat verify cost: the choice's 1.0x against 1.4x possible).
+            seconds += overhead_s  # the probe's drafts were waited for: part of what it cost
             paid = self.probe_gain / seconds >= 1.02 * self.probe_expected  # a clear gain, not timing noise
             floor = self.config.min_probe_interval * (4 if batch >= 4 else 1)  # big batches probe rarer
             self.probe_interval = floor if paid else min(max(2 * self.probe_interval, floor),
                                                          self.config.max_probe_interval)
             self.steps_since_probe = 0
+
+    def _score_asking(self, batch: int, step_s: float, probed: bool) -> None:
+        """Score a step that asked for drafts (module docstring): its expected tokens over all it cost,
+        against a plain step's rate at this batch; below min_gain, ask no more until the next probe."""
+        if not self.costs.means or min(self.costs.means) > batch:  # a plain step's cost is a guess yet
+            return
+        plain_s = self.costs.estimate(batch)
+        if plain_s <= 0 or step_s <= 0:
+            return
+        speedup = (batch + self.step_gain) / step_s * plain_s / batch
+        decay = self.config.decay
+        self.ask_gain = speedup if self.ask_gain is None or probed else decay * self.ask_gain + (1 - decay) * speedup
+        if self.ask_gain < self.config.min_gain and self.num_choices:
+            self.last_budget = 0
 
 
 def node_order(tree: DraftTree, alpha: float, scale: float = 1.0) -> list[tuple[int, float]]:
