@@ -231,17 +231,21 @@ def test_depth_learns_that_a_flat_verify_is_nearly_free():
     assert 1.5 <= sum(late) / len(late) <= 5  # ~0.3: the best rate is at depth 2-3, deeper adds ~nothing
 
 
-def test_the_cost_table_holds_forwards_and_the_wait_for_drafts_is_scored_apart():
+def test_the_cost_table_holds_forwards_and_the_wait_for_drafts_is_kept_apart():
     """The batch budget's cost table holds forward seconds (once drafts are in, getting them is spent);
-    what a step that asked for drafts spent getting them is weighed by the asking score instead."""
+    what a step that asked for drafts spent getting them, and whether it got any, is kept apart."""
     policy = SpeculationPolicy(PolicyConfig(adaptive=False))
     policy.add("a")
     policy.plan("a", 8)
-    policy.record(["a"], [DraftTree.chain([1, 2])], [FakeStep([0, 0], 1, 2)], 0.014, draft_s=0.002, wait_s=0.005)
+    trees = policy.allocate(["a"], [DraftTree.chain([1, 2])], [False])
+    policy.record(["a"], trees, [FakeStep([0, 0], 1, 2)], 0.014, draft_s=0.002, wait_s=0.005)
     policy.plan("a", 8)
-    policy.record(["a"], [DraftTree.empty()], [FakeStep([0], 0, 0)], 0.013, draft_s=0.001, wait_s=0.004)
+    trees = policy.allocate(["a"], [DraftTree.empty()], [False])
+    policy.record(["a"], trees, [FakeStep([0], 0, 0)], 0.013, draft_s=0.001, wait_s=0.004)
     assert policy.batch.costs.means == {3: pytest.approx(0.014), 1: pytest.approx(0.013)}
-    assert policy.batch.ask_gain is not None and policy.batch.ask_gain < 1.0  # 0.013 s of forward took 0.018
+    # both steps asked: their waits and drafting are the asking overhead; one of the two got no draft
+    assert policy.batch.overhead_s == pytest.approx(0.1 * 0.007 * 0.9 + 0.1 * 0.005)
+    assert policy.batch.fill == pytest.approx(0.9)
 
 
 def loaded_step(policy, keys, drafts, forward, wait_s, alpha=0.75):

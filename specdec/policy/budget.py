@@ -21,12 +21,18 @@ tokens over its measured seconds did not beat the choice's expected rate doubles
 Asking for drafts has a price of its own. The cost table holds forward seconds only: once a step's
 drafts are in, getting them is spent, and the cut above weighs what verifying costs. But a step whose
 sequences were told to draft (a budget above 0) first waits for its drafts (a draft worker's round
-trip, drafting on the target's thread): that wait is paid whether the drafts turn out long, short or
-empty, and a verify of B x (R + 1) padded rows may buy one accepted token. So every such step is
-scored as it went: its expected tokens (B plus its verified nodes' P) over its forward plus that
-wait, against B over a plain step's forward at that batch (`ask_gain`, decayed; a probe's score
-replaces it, being the newest measurement of a changed load). Below `min_gain` nobody drafts: the
-budget is 0 until the next probe, and the target then waits for no draft at all.
+trip, drafting on the target's thread), and that wait is paid whether the drafts turn out long,
+short or empty: prompt lookup at 8 users often finds nothing to copy for any sequence of a step. So
+the budget keeps, over the steps that asked, the mean seconds spent getting drafts (`overhead_s`) and
+the share that got any draft at all (`fill`), and after each such step asks on only if some R still
+pays with them counted:
+
+    asking rate(R)      (B + fill * gain(R)) / (overhead_s + fill * t(B * (R + 1)) + (1 - fill) * t(B))
+
+at least `min_gain` times B / t(B), gain(R) being the expected tokens of R nodes a sequence from the
+last drafts seen. Otherwise the budget is 0 (the target waits for no draft) until the next probe; a
+probe that gets no draft at all counts as failed. With no wait and drafts every step this is the
+cut's own rule, so it changes nothing where drafts come free.
 
 Which trees may be cut after drafting is the exactness question, answered in specdec.policy.
 """
@@ -102,9 +108,11 @@ class BatchBudget:
         self.probe_expected: float | None = None  # during a probe step: the expected rate of the choice
         self.probe_gain = 0.0  # ... and the tokens the probed nodes are expected to give
         self.num_choices = 0
-        self.step_gain = 0.0  # expected tokens beyond one a sequence of the nodes this step verifies
+        # Asking for drafts (module docstring), over the steps that asked: seconds spent getting drafts,
+        # share of them with any draft; the last drafts' expected extra tokens per node budget R, their batch
+        self.overhead_s, self.fill = 0.0, 1.0
+        self.gains: tuple[list[float], int] | None = None
         self.chose = False  # choose() ran for this step (it had drafts)
-        self.ask_gain: float | None = None  # steps that asked for drafts: decayed speedup over plain steps
 
     def cap(self) -> int:
         """Most nodes the next step will verify per sequence (0 = do not draft, NO_CAP = no limit).
@@ -126,11 +134,12 @@ class BatchBudget:
         likely first. Trees that may not be cut (sampled ones) count as if cut: R is learnt for
         their next budget."""
         max_nodes = max((len(o) for o in orders), default=0)
-        self.probe_expected, self.step_gain, self.chose = None, 0.0, False
+        self.probe_expected, self.chose = None, False
         if not self.config.enabled or max_nodes == 0:
             return NO_CAP
         self.num_choices += 1
         self.chose = True
+        self.gains = ([sum(sum(order[:r]) for order in orders) for r in range(max_nodes + 1)], batch)
         best_r, best_rate, plain_rate = 0, None, None
         for r in range(max_nodes + 1):
             cost = self.costs.estimate(batch * (r + 1))
@@ -150,7 +159,6 @@ class BatchBudget:
             best_r = min(best_r + probe, max_nodes)
             self.probe_gain = batch + sum(sum(order[:best_r]) for order in orders)
         self.last_budget = NO_CAP if best_r >= max_nodes else best_r
-        self.step_gain = sum(sum(order[:best_r]) for order in orders)
         return best_r
 
     def record(self, num_rows: int, seconds: float, num_tokens: int, batch: int, overhead_s: float = 0.0,
@@ -165,11 +173,15 @@ class BatchBudget:
         self.steps_since_probe += 1
         probed = self.probe_expected is not None
         if asked and self.config.enabled:
-            self._score_asking(batch, seconds + overhead_s, probed)
+            d = self.config.decay
+            self.overhead_s = d * self.overhead_s + (1 - d) * overhead_s
+            self.fill = d * self.fill + (1 - d) * self.chose
             if probe_due and not self.chose and self.num_choices:  # a probe that got no draft: it failed
                 self.probe_interval = min(2 * self.probe_interval, self.config.max_probe_interval)
                 self.steps_since_probe = 0
-        self.step_gain, self.chose = 0.0, False  # a step that drafted nothing calls no choose(): it gained nothing
+            elif not probed and not self._asking_pays(batch):
+                self.last_budget = 0
+        self.chose = False
         if probed:  # at its measured cost, does the probe beat the choice?
             # Judged on expected tokens, not the tokens this one step drew: at acceptance 0.3 a 2-node
             # probe gains nothing 70% of the time, and judging by that luck backed probing off for good
@@ -181,19 +193,18 @@ class BatchBudget:
                                                          self.config.max_probe_interval)
             self.steps_since_probe = 0
 
-    def _score_asking(self, batch: int, step_s: float, probed: bool) -> None:
-        """Score a step that asked for drafts (module docstring): its expected tokens over all it cost,
-        against a plain step's rate at this batch; below min_gain, ask no more until the next probe."""
-        if not self.costs.means or min(self.costs.means) > batch:  # a plain step's cost is a guess yet
-            return
+    def _asking_pays(self, batch: int) -> bool:
+        """Whether some node budget pays, the wait for drafts and the steps that got none counted (module
+        docstring). True while it cannot be told: no drafts seen yet, or a plain step's cost a guess."""
+        if self.gains is None or not self.costs.means or min(self.costs.means) > batch:
+            return True
+        gains, seen_batch = self.gains
         plain_s = self.costs.estimate(batch)
-        if plain_s <= 0 or step_s <= 0:
-            return
-        speedup = (batch + self.step_gain) / step_s * plain_s / batch
-        decay = self.config.decay
-        self.ask_gain = speedup if self.ask_gain is None or probed else decay * self.ask_gain + (1 - decay) * speedup
-        if self.ask_gain < self.config.min_gain and self.num_choices:
-            self.last_budget = 0
+        best = 0.0
+        for r in range(1, len(gains)):
+            cost = self.overhead_s + self.fill * self.costs.estimate(batch * (r + 1)) + (1 - self.fill) * plain_s
+            best = max(best, (batch + self.fill * gains[r] * batch / seen_batch) / cost)
+        return best >= self.config.min_gain * batch / plain_s
 
 
 def node_order(tree: DraftTree, alpha: float, scale: float = 1.0) -> list[tuple[int, float]]:
