@@ -232,8 +232,9 @@ def test_depth_learns_that_a_flat_verify_is_nearly_free():
 
 
 def test_the_cost_table_holds_forwards_and_the_wait_for_drafts_is_kept_apart():
-    """The batch budget's cost table holds forward seconds (once drafts are in, getting them is spent);
-    what a step that asked for drafts spent getting them, and whether it got any, is kept apart."""
+    """The batch budget's cost table holds a step's forward, plus its own drafting where it verified
+    drafts; the wait for drafts, paid by every step that asked for them, and whether it got any, are
+    kept apart."""
     policy = SpeculationPolicy(PolicyConfig(adaptive=False))
     policy.add("a")
     policy.plan("a", 8)
@@ -242,9 +243,9 @@ def test_the_cost_table_holds_forwards_and_the_wait_for_drafts_is_kept_apart():
     policy.plan("a", 8)
     trees = policy.allocate(["a"], [DraftTree.empty()], [False])
     policy.record(["a"], trees, [FakeStep([0], 0, 0)], 0.013, draft_s=0.001, wait_s=0.004)
-    assert policy.batch.costs.means == {3: pytest.approx(0.014), 1: pytest.approx(0.013)}
-    # both steps asked: their waits and drafting are the asking overhead; one of the two got no draft
-    assert policy.batch.overhead_s == pytest.approx(0.1 * 0.007 * 0.9 + 0.1 * 0.005)
+    assert policy.batch.costs.means == {3: pytest.approx(0.016), 1: pytest.approx(0.013)}  # + drafting here
+    # both steps asked: their waits (and drafting that gave nothing) are the asking overhead; one got no draft
+    assert policy.batch.overhead_s == pytest.approx(0.1 * 0.005 * 0.9 + 0.1 * 0.005)
     assert policy.batch.fill == pytest.approx(0.9)
 
 

@@ -18,11 +18,10 @@ Costs above the measured row counts are unknown, so every `probe_interval` steps
 `probe_tokens` more per sequence (one in batches of 4 or more) and measures it; a probe whose expected
 tokens over its measured seconds did not beat the choice's expected rate doubles the interval, so under load probing costs well under a percent.
 
-Asking for drafts has a price of its own. The cost table holds forward seconds only: once a step's
-drafts are in, getting them is spent, and the cut above weighs what verifying costs. But a step whose
-sequences were told to draft (a budget above 0) first waits for its drafts (a draft worker's round
-trip, drafting on the target's thread), and that wait is paid whether the drafts turn out long,
-short or empty: prompt lookup at 8 users often finds nothing to copy for any sequence of a step. So
+Asking for drafts has a price of its own. The cost table holds what a step that verifies R nodes
+costs: its forward (and drafting on the target's own thread, which grows with R). But a step whose
+sequences were told to draft (a budget above 0) first waits for a draft worker's drafts, the same
+round trip whether they turn out long, short or empty: prompt lookup at 8 users often finds nothing to copy for any sequence of a step. So
 the budget keeps, over the steps that asked, the mean seconds spent getting drafts (`overhead_s`) and
 the share that got any draft at all (`fill`), and after each such step asks on only if some R still
 pays with them counted:
