@@ -13,9 +13,10 @@ ends the wait the moment the last one arrives.
 
 A sequence whose draft has not come when the step starts steps with it all the same, without a draft
 (a plain step for it: same output). Left out, it would cost the batch a sequence and itself a forward
-of its own later, for a draft worth a token or two: under load that lost batch, not the forward, is
-what made speculation slower than plain decoding (a new sequence, whose draft worker is attached only
-after its prefill, sat out steps until its first draft came). Its late draft is refused as stale.
+of its own later, for a draft worth a token or two. Under load that shrank the speculative batches
+(a new sequence, whose draft worker is attached only after its prefill, sat out steps until its first
+draft came). Its late draft is refused as stale. (Whether waiting for drafts pays at all is the
+speculation policy's call: specdec.policy.budget.)
 """
 from __future__ import annotations
 

@@ -21,10 +21,10 @@ tokens over its measured seconds did not beat the choice's expected rate doubles
 Asking for drafts has a price of its own. The cost table holds what a step that verifies R nodes
 costs: its forward (and drafting on the target's own thread, which grows with R). But a step whose
 sequences were told to draft (a budget above 0) first waits for a draft worker's drafts, the same
-round trip whether they turn out long, short or empty: prompt lookup at 8 users often finds nothing to copy for any sequence of a step. So
-the budget keeps, over the steps that asked, the mean seconds spent getting drafts (`overhead_s`) and
-the share that got any draft at all (`fill`), and after each such step asks on only if some R still
-pays with them counted:
+round trip whether they turn out long, short or empty, and prompt lookup at 8 users often finds
+nothing to copy for any sequence of a step. So the budget keeps, over the steps that asked, the mean
+seconds spent getting drafts (`overhead_s`) and the share that got any draft at all (`fill`), and
+after each such step asks on only if some R still pays with them counted:
 
     asking rate(R)      (B + fill * gain(R)) / (overhead_s + fill * t(B * (R + 1)) + (1 - fill) * t(B))
 
@@ -162,9 +162,9 @@ class BatchBudget:
 
     def record(self, num_rows: int, seconds: float, num_tokens: int, batch: int, overhead_s: float = 0.0,
                asked: bool = False) -> None:
-        """The forward's padded rows, its wall seconds and tokens emitted over the batch; asked: the
-        step's sequences were told to draft (a budget above 0), and overhead_s is what getting their
-        drafts cost it before the forward (waiting for them, drafting on this thread)."""
+        """The step's padded rows, its seconds (see SpeculationPolicy.record) and tokens emitted over the
+        batch; asked: its sequences were told to draft (a budget above 0), and overhead_s is what
+        getting their drafts cost it whatever they held (the wait for a draft worker's drafts)."""
         if not self.config.learn_costs:
             return
         self.costs.record(num_rows, seconds)
