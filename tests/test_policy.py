@@ -328,3 +328,18 @@ def test_a_probe_turns_asking_back_on_when_the_load_drops():
         rows, _ = loaded_step(policy, keys, [4] * 8, lambda rows: 0.027, wait_s=0.002, alpha=1.0)
         drafted += rows > 8
     assert drafted >= 100, drafted
+
+
+def test_free_asking_goes_on_though_most_steps_find_nothing_to_draft():
+    """In process, prompt lookup finds nothing on most steps, but asking costs no wait: drafting goes
+    on, and the steps that do find a copy verify it (none is lost to a budget of 0)."""
+    policy = SpeculationPolicy(PolicyConfig(max_depth=4, adaptive=False))
+    policy.add("a")
+    rng = random.Random(0)
+    found = verified = 0
+    for _ in range(300):
+        copy = 4 if rng.random() < 0.25 else 0  # a quarter of the steps find a 4-token copy
+        rows, _ = loaded_step(policy, ["a"], [copy], lambda rows: 0.025, wait_s=0.0, alpha=0.9)
+        found += copy > 0
+        verified += rows > 1
+    assert verified >= 0.8 * found, (verified, found)
