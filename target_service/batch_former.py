@@ -16,7 +16,8 @@ A sequence whose draft has not come when the step starts steps with it all the s
 of its own later, for a draft worth a token or two. Under load that shrank the speculative batches
 (a new sequence, whose draft worker is attached only after its prefill, sat out steps until its first
 draft came). Its late draft is refused as stale. (Whether waiting for drafts pays at all is the
-speculation policy's call: specdec.policy.budget.)
+speculation policy's call: specdec.policy.budget.) A target that is not load-aware (`load_aware`
+off: drafts verified every step, whatever they cost) leaves such a sequence out, as before.
 """
 from __future__ import annotations
 
@@ -56,7 +57,8 @@ def form_batch(seqs: dict, needs_draft: Callable[[str], bool], now: float, confi
         gather_left = max(first_ready, last_step_end) + config.batch_wait_s - now
         if gather_left > 0:
             return [], min(gather_left, wait_s)
-    picked = (ready + unready)[:config.max_batch] if ready else []
+    late = unready if config.load_aware else []  # stepping without their drafts (module docstring)
+    picked = (ready + late)[:config.max_batch] if ready else []
     for seq_id in picked:
         state = seqs[seq_id]
         if state.pending is None and needs_draft(seq_id) and state.version_since + config.draft_wait_s <= now:

@@ -44,6 +44,14 @@ def test_a_late_draft_does_not_hold_the_step_past_the_window_nor_leave_its_seque
     assert ids == ["a", "b"] and seqs["b"].missed == 0  # b's drafter is slow, not gone: no miss counted
 
 
+def test_without_load_awareness_a_late_draft_is_still_waited_for():
+    """load_aware off (drafts verified every step, whatever they cost): b sits the step out for its draft."""
+    seqs = {"a": State(10.0, pending="tree", draft_at=10.003), "b": State(10.0)}
+    config = TargetConfig(draft_wait_s=2.0, batch_wait_s=0.02, max_batch=8, load_aware=False)
+    ids, _ = form_batch(seqs, drafts_expected, now=10.05, config=config, last_step_end=10.0)
+    assert ids == ["a"] and seqs["b"].missed == 0
+
+
 def test_a_new_sequence_joins_the_next_step_before_its_first_draft():
     """A sequence that has just been prefilled has no draft worker attached yet (the router attaches it
     after the prefill): the running sequences' step takes it along rather than leaving it out."""
