@@ -28,12 +28,12 @@ after each such step asks on only if some R still pays with them counted:
 
     asking rate(R)      (B + fill * gain(R)) / (overhead_s + fill * t(B * (R + 1)) + (1 - fill) * t(B))
 
-at least 1 + (min_gain - 1) * fill times B / t(B), gain(R) being the expected tokens of R nodes a
-sequence from the last drafts seen (the margin is for costs no clock shows, which come with drafts).
-Otherwise the budget is 0 (the target waits for no draft) until the next probe; a probe that waited
-for drafts and got none is over (it says nothing of what drafts would gain; a probe that cost no
-wait stays due, as drafting here is nearly free). With no wait and drafts every step this is the
-cut's own rule, so it changes nothing where drafts come free.
+at least min_gain times B / t(B), gain(R) being the expected tokens of R nodes a sequence from the
+last drafts seen. Where asking costs no wait (drafting in process, nearly free when it finds
+nothing) the margin is only 1 + (min_gain - 1) * fill: it is for costs no clock shows, which come
+with drafts. Otherwise the budget is 0 (the target waits for no draft) until the next probe; a probe
+that waited for drafts and got none failed (a probe that cost no wait stays due). With no wait and
+drafts every step this is the cut's own rule, so it changes nothing where drafts come free.
 
 Which trees may be cut after drafting is the exactness question, answered in specdec.policy.
 """
@@ -178,7 +178,8 @@ class BatchBudget:
             self.overhead_s = d * self.overhead_s + (1 - d) * overhead_s
             self.fill = d * self.fill + (1 - d) * self.chose
             if probe_due and not self.chose and self.num_choices:  # a probe that got no draft
-                if overhead_s > 0.05 * seconds:  # ... but waited for them: over
+                if overhead_s > 0.05 * seconds:  # ... but waited for them: failed
+                    self.probe_interval = min(2 * self.probe_interval, self.config.max_probe_interval)
                     self.steps_since_probe = 0
             elif not probed and not self._asking_pays(batch):
                 self.last_budget = 0
@@ -205,7 +206,9 @@ class BatchBudget:
         for r in range(1, len(gains)):
             cost = self.overhead_s + self.fill * self.costs.estimate(batch * (r + 1)) + (1 - self.fill) * plain_s
             best = max(best, (batch + self.fill * gains[r] * batch / seen_batch) / cost)
-        return best >= (1 + (self.config.min_gain - 1) * self.fill) * batch / plain_s
+        free = self.overhead_s <= 0.05 * plain_s  # asking costs no wait worth the name (module docstring)
+        margin = 1 + (self.config.min_gain - 1) * self.fill if free else self.config.min_gain
+        return best >= margin * batch / plain_s
 
 
 def node_order(tree: DraftTree, alpha: float, scale: float = 1.0) -> list[tuple[int, float]]:
