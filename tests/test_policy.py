@@ -231,11 +231,115 @@ def test_depth_learns_that_a_flat_verify_is_nearly_free():
     assert 1.5 <= sum(late) / len(late) <= 5  # ~0.3: the best rate is at depth 2-3, deeper adds ~nothing
 
 
-def test_a_drafted_steps_cost_includes_getting_its_drafts():
-    """The batch budget's cost of a step that verifies drafts is the forward plus the drafting and the
-    wait for drafts before it; a plain step's is its forward alone (nothing was drafted for it)."""
+def test_the_cost_table_holds_forwards_and_the_wait_for_drafts_is_kept_apart():
+    """The batch budget's cost table holds a step's forward, plus its own drafting where it verified
+    drafts; the wait for drafts, paid by every step that asked for them, and whether it got any, are
+    kept apart."""
     policy = SpeculationPolicy(PolicyConfig(adaptive=False))
     policy.add("a")
-    policy.record(["a"], [DraftTree.chain([1, 2])], [FakeStep([0, 0], 1, 2)], 0.014, draft_s=0.002, wait_s=0.005)
-    policy.record(["a"], [DraftTree.empty()], [FakeStep([0], 0, 0)], 0.013, draft_s=0.001, wait_s=0.004)
-    assert policy.batch.costs.means == {3: pytest.approx(0.021), 1: pytest.approx(0.013)}
+    policy.plan("a", 8)
+    trees = policy.allocate(["a"], [DraftTree.chain([1, 2])], [False])
+    policy.record(["a"], trees, [FakeStep([0, 0], 1, 2)], 0.014, draft_s=0.002, wait_s=0.005)
+    policy.plan("a", 8)
+    trees = policy.allocate(["a"], [DraftTree.empty()], [False])
+    policy.record(["a"], trees, [FakeStep([0], 0, 0)], 0.013, draft_s=0.001, wait_s=0.004)
+    assert policy.batch.costs.means == {3: pytest.approx(0.016), 1: pytest.approx(0.013)}  # + drafting here
+    # both steps asked: their waits (and drafting that gave nothing) are the asking overhead; one got no draft
+    assert policy.batch.overhead_s == pytest.approx(0.1 * 0.005 * 0.9 + 0.1 * 0.005)
+    assert policy.batch.fill == pytest.approx(0.9)
+
+
+def loaded_step(policy, keys, drafts, forward, wait_s, alpha=0.75):
+    """One target-worker step: budgets announced, drafts[i] nodes drafted for keys[i] (a chain, or
+    nothing), the batch budget's cut, a forward of forward(padded rows) seconds after wait_s of waiting
+    for the drafts (asked for only when the budget allows). Returns (rows, seconds including the wait)."""
+    budgets = [policy.plan(k, 8) for k in keys]
+    asked = any(b.max_nodes is None or b.max_nodes > 0 for b in budgets)
+    trees = [DraftTree.chain([1] * min(n, b.depth)) for n, b in zip(drafts, budgets)]
+    trees = policy.allocate(keys, trees, [False] * len(keys))
+    rows = len(keys) * (1 + max(t.num_nodes for t in trees))
+    steps = [FakeStep([0] * (1 + round(alpha * t.num_nodes)), round(alpha * t.num_nodes), t.num_nodes) for t in trees]
+    policy.record(keys, trees, steps, forward(rows), wait_s=wait_s if asked else 0.0)
+    return rows, forward(rows) + (wait_s if asked else 0.0)
+
+
+def knee(rows: int) -> float:
+    """specdec's kernels under load: flat to 8 rows (27 ms), 37 ms at 16, then ~1.3 ms a row."""
+    return 0.027 if rows <= 8 else 0.027 + 0.010 * (rows - 8) / 8 if rows <= 16 else 0.037 + 0.0013 * (rows - 16)
+
+
+def test_under_load_no_drafts_when_waiting_for_them_cannot_pay():
+    """Eight sequences, prompt lookup drafting for two of them a step (the others find nothing to copy),
+    drafts a round trip away (12 ms for the batch): a drafting step is at best 8 + 1.5 tokens in
+    37 + 12 ms against 8 in 27 ms. The budget goes to 0 (drafters are told not to draft, the target
+    waits for no draft) and stays there but for probes."""
+    policy = SpeculationPolicy(PolicyConfig(max_depth=4, adaptive=False))
+    keys = [str(i) for i in range(8)]
+    for k in keys:
+        policy.add(k)
+    drafts = [0, 3, 0, 0, 3, 0, 0, 0]
+    asked_steps = 0
+    for step in range(200):
+        asked_steps += policy.cap() != 0
+        loaded_step(policy, keys, drafts, knee, wait_s=0.012)
+    assert policy.cap() == 0 and policy.plan("0", 4).depth == 0
+    assert asked_steps <= 30, asked_steps  # the first steps and rare probes
+
+
+def test_empty_drafts_waited_for_stop_the_asking():
+    """Drafts asked for and waited for, but (nearly) all empty: each such step paid the wait for
+    nothing, and the cut never saw a draft to refuse. The asking score stops it all the same."""
+    policy = SpeculationPolicy(PolicyConfig(max_depth=4, adaptive=False))
+    keys = [str(i) for i in range(8)]
+    for k in keys:
+        policy.add(k)
+    for _ in range(20):  # useful drafts first: the budget opens up (at the first probe)
+        loaded_step(policy, keys, [4] * 8, lambda rows: 0.027, wait_s=0.001)
+    assert policy.cap() > 0
+    for _ in range(30):  # then nothing to copy any more; every step waits 10 ms for empty drafts
+        loaded_step(policy, keys, [0] * 8, knee, wait_s=0.010)
+    assert policy.cap() == 0
+
+
+def test_drafting_goes_on_where_it_pays_including_the_wait():
+    """One sequence, long drafts mostly accepted, a flat forward, a 2 ms round trip: drafting pays and
+    the asking score leaves it on."""
+    policy = SpeculationPolicy(PolicyConfig(max_depth=4, adaptive=False))
+    policy.add("a")
+    drafted = 0
+    for _ in range(100):
+        rows, _ = loaded_step(policy, ["a"], [4], lambda rows: 0.025, wait_s=0.002, alpha=0.9)
+        drafted += rows > 1
+    assert policy.cap() != 0 and drafted >= 90
+
+
+def test_a_probe_turns_asking_back_on_when_the_load_drops():
+    """Asking stopped under load; when drafting pays again (long accepted drafts, a short wait), the
+    next probe's score replaces the old one and drafting resumes."""
+    policy = SpeculationPolicy(PolicyConfig(max_depth=4, adaptive=False))
+    keys = [str(i) for i in range(8)]
+    for k in keys:
+        policy.add(k)
+    for _ in range(60):
+        loaded_step(policy, keys, [0, 3, 0, 0, 3, 0, 0, 0], knee, wait_s=0.012)
+    assert policy.cap() == 0
+    drafted = 0
+    for _ in range(200):  # every sequence now finds a 4-token copy, accepted; the forward stays flat
+        rows, _ = loaded_step(policy, keys, [4] * 8, lambda rows: 0.027, wait_s=0.002, alpha=1.0)
+        drafted += rows > 8
+    assert drafted >= 100, drafted
+
+
+def test_free_asking_goes_on_though_most_steps_find_nothing_to_draft():
+    """In process, prompt lookup finds nothing on most steps, but asking costs no wait: drafting goes
+    on, and the steps that do find a copy verify it (none is lost to a budget of 0)."""
+    policy = SpeculationPolicy(PolicyConfig(max_depth=4, adaptive=False))
+    policy.add("a")
+    rng = random.Random(0)
+    found = verified = 0
+    for _ in range(300):
+        copy = 4 if rng.random() < 0.25 else 0  # a quarter of the steps find a 4-token copy
+        rows, _ = loaded_step(policy, ["a"], [copy], lambda rows: 0.025, wait_s=0.0, alpha=0.9)
+        found += copy > 0
+        verified += rows > 1
+    assert verified >= 0.8 * found, (verified, found)
