@@ -37,7 +37,6 @@ class SeqState:
     draft_at: float = 0.0  # when `pending` arrived
     version_since: float = field(default_factory=time.monotonic)
     missed: int = 0  # steps in a row that waited in vain for a draft
-    told_no_drafts: bool = False  # its drafters were sent the commit announcing a budget of 0 (see _publish)
     session: object | None = None  # in-target drafting session, when the worker has a drafter
     # The published state, under the worker's lock: seq.version / seq.context move during a step
     # (outside the lock), so drafts and refusals are judged against this snapshot instead.

@@ -287,15 +287,10 @@ class TargetWorker(DraftIntake):
             state.version_since = time.monotonic()
             state.version, state.context_len = seq.version, len(seq.context)
             state.pending = None  # anything queued during the step was built on the old version
-            # While its budget is 0 the draft worker has nothing to do. It is told once, by the commit that
-            # brings the budget to 0 (it then stops drafting); untold, it drafted on, each draft stale and
-            # refused, and resynchronised from each refusal to draft again, a loop that kept its process on
-            # the cores the loaded forward runs on. Later budget-0 commits are spared it; when drafting
-            # resumes it has missed commits, and resynchronises through a stale refusal (which carries
-            # the context).
-            tell = budget != 0 or not state.told_no_drafts or seq.finish_reason is not None
-            state.told_no_drafts = budget == 0
-            if tell:
+            # While its budget is 0 the draft worker has nothing to do: sparing it a message a step keeps
+            # its process off the cores the loaded forward runs on. When drafting resumes it has missed
+            # commits, and resynchronises through a stale refusal (which carries the context).
+            if budget != 0 or seq.finish_reason is not None:
                 for link in state.drafters:
                     link.send(target_pb2.VerifyMessage(sequence_id=seq_id, commit=commit))
             if seq.finish_reason is not None:
