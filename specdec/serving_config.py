@@ -53,7 +53,6 @@ class TargetConfig:
     adaptive: bool = True
     # Trim every batch's drafts to the depth that measured costs and acceptance say pays at this batch
     # size (specdec.policy), and tell drafters how much to draft: speculation never slows a loaded server.
-    # Also: a sequence whose draft is late steps without it rather than sitting the step out.
     load_aware: bool = True
     metrics_port: int = -1  # Prometheus endpoint on `host` (GET /metrics): -1 = none, 0 = any free port
     host: str = LOOPBACK  # the address the servers bind (0.0.0.0 = every interface)

@@ -10,14 +10,6 @@ step that took the first ready sequence alone would split the batch for good: ev
 would find the sequences out of phase, and each would verify alone. So once one sequence is
 ready (or the last step ended), the step waits up to `batch_wait_s` for the others' drafts, and
 ends the wait the moment the last one arrives.
-
-A sequence whose draft has not come when the step starts steps with it all the same, without a draft
-(a plain step for it: same output). Left out, it would cost the batch a sequence and itself a forward
-of its own later, for a draft worth a token or two. Under load that shrank the speculative batches
-(a new sequence, whose draft worker is attached only after its prefill, sat out steps until its first
-draft came). Its late draft is refused as stale. (Whether waiting for drafts pays at all is the
-speculation policy's call: specdec.policy.budget.) A target that is not load-aware (`load_aware`
-off: drafts verified every step, whatever they cost) leaves such a sequence out, as before.
 """
 from __future__ import annotations
 
@@ -37,13 +29,12 @@ def readiness(state, needs_draft: bool, now: float, config) -> tuple[bool, float
 
 def form_batch(seqs: dict, needs_draft: Callable[[str], bool], now: float, config,
                last_step_end: float = 0.0) -> tuple[list[str], float]:
-    """(ids of the sequences to verify now: the ready ones longest waiting first, then those still
-    waiting for a draft; or [] and seconds to wait).
+    """(ids of the sequences to verify now, longest waiting first; or [] and seconds to wait).
 
     The gathering window opens when the first sequence is ready or the last step ended, whichever
     is later: sequences that drifted out of phase merge again at the next step. Marks a sequence
-    that steps without the draft it waited for draft_wait_s (state.missed)."""
-    ready, unready, wait_s, first_ready = [], [], 0.5, None
+    that steps without the draft it waited for (state.missed)."""
+    ready, wait_s, first_ready = [], 0.5, None
     for seq_id, state in sorted(seqs.items(), key=lambda kv: kv[1].version_since):
         is_ready, left = readiness(state, needs_draft(seq_id), now, config)
         if is_ready:
@@ -51,14 +42,13 @@ def form_batch(seqs: dict, needs_draft: Callable[[str], bool], now: float, confi
             since = state.draft_at if state.pending is not None else state.version_since
             first_ready = since if first_ready is None else min(first_ready, since)
         else:
-            unready.append(seq_id)
             wait_s = min(wait_s, left)
-    if ready and unready and len(ready) < config.max_batch:
+    waiting = len(ready) < len(seqs)
+    if ready and waiting and len(ready) < config.max_batch:
         gather_left = max(first_ready, last_step_end) + config.batch_wait_s - now
         if gather_left > 0:
             return [], min(gather_left, wait_s)
-    late = unready if config.load_aware else []  # stepping without their drafts (module docstring)
-    picked = (ready + late)[:config.max_batch] if ready else []
+    picked = ready[:config.max_batch]
     for seq_id in picked:
         state = seqs[seq_id]
         if state.pending is None and needs_draft(seq_id) and state.version_since + config.draft_wait_s <= now:

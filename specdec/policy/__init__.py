@@ -139,14 +139,10 @@ class SpeculationPolicy:
         """One forward's outcome: trees as verified, each sequence's StepResult (None: it failed).
         draft_s: drafting on this thread before it; wait_s: the step's wait for drafts made elsewhere."""
         rows = len(trees) * (1 + max((t.num_nodes for t in trees), default=0))
-        # Drafting on this thread grows with the depth drafted: a step that verifies drafts is charged it with
-        # its forward. Waiting for a draft worker's drafts costs the same whatever comes back, useful or
-        # empty, on every step that asked for them: the batch budget weighs that apart (specdec.policy.budget).
-        asked = any(self.planned.get(k, NO_CAP) != 0 for k in keys)
-        drafted = rows > len(trees)
-        self.batch.record(rows, verify_s + (draft_s if drafted else 0.0),
-                          sum(len(s.token_ids) for s in steps if s is not None), len(trees),
-                          overhead_s=wait_s + (0.0 if drafted else draft_s) if asked else 0.0, asked=asked)
+        # A verified draft's step costs what was spent getting it too: with the forward nearly flat in its
+        # rows, that time (drafts over gRPC, drafting between forwards) is what decides whether drafting pays.
+        step_s = verify_s + (draft_s + wait_s if rows > len(trees) else 0.0)
+        self.batch.record(rows, step_s, sum(len(s.token_ids) for s in steps if s is not None), len(trees))
         for key, tree, step in zip(keys, trees, steps):
             if step is not None:
                 self.observe(key, step.depth if tree.num_nodes else 0, step.num_accepted, verify_s + draft_s,

@@ -18,23 +18,6 @@ Costs above the measured row counts are unknown, so every `probe_interval` steps
 `probe_tokens` more per sequence (one in batches of 4 or more) and measures it; a probe whose expected
 tokens over its measured seconds did not beat the choice's expected rate doubles the interval, so under load probing costs well under a percent.
 
-Asking for drafts has a price of its own. The cost table holds what a step that verifies R nodes
-costs: its forward (and drafting on the target's own thread, which grows with R). But a step whose
-sequences were told to draft (a budget above 0) first waits for a draft worker's drafts, the same
-round trip whether they turn out long, short or empty, and prompt lookup at 8 users often finds
-nothing to copy for any sequence of a step. So the budget keeps, over the steps that asked, the mean
-seconds spent getting drafts (`overhead_s`) and the share that got any draft at all (`fill`), and
-after each such step asks on only if some R still pays with them counted:
-
-    asking rate(R)      (B + fill * gain(R)) / (overhead_s + fill * t(B * (R + 1)) + (1 - fill) * t(B))
-
-at least min_gain times B / t(B), gain(R) being the expected tokens of R nodes a sequence from the
-last drafts seen. Where asking costs no wait (drafting in process, nearly free when it finds
-nothing) the margin is only 1 + (min_gain - 1) * fill: it is for costs no clock shows, which come
-with drafts. Otherwise the budget is 0 (the target waits for no draft) until the next probe; a probe
-that waited for drafts and got none failed (a probe that cost no wait stays due). With no wait and
-drafts every step this is the cut's own rule, so it changes nothing where drafts come free.
-
 Which trees may be cut after drafting is the exactness question, answered in specdec.policy.
 """
 from __future__ import annotations
@@ -109,11 +92,6 @@ class BatchBudget:
         self.probe_expected: float | None = None  # during a probe step: the expected rate of the choice
         self.probe_gain = 0.0  # ... and the tokens the probed nodes are expected to give
         self.num_choices = 0
-        # Asking for drafts (module docstring), over the steps that asked: seconds spent getting drafts,
-        # share of them with any draft; the last drafts' expected extra tokens per node budget R, their batch
-        self.overhead_s, self.fill = 0.0, 1.0
-        self.gains: tuple[list[float], int] | None = None
-        self.chose = False  # choose() ran for this step (it had drafts)
 
     def cap(self) -> int:
         """Most nodes the next step will verify per sequence (0 = do not draft, NO_CAP = no limit).
@@ -135,12 +113,10 @@ class BatchBudget:
         likely first. Trees that may not be cut (sampled ones) count as if cut: R is learnt for
         their next budget."""
         max_nodes = max((len(o) for o in orders), default=0)
-        self.probe_expected, self.chose = None, False
+        self.probe_expected = None
         if not self.config.enabled or max_nodes == 0:
             return NO_CAP
         self.num_choices += 1
-        self.chose = True
-        self.gains = ([sum(sum(order[:r]) for order in orders) for r in range(max_nodes + 1)], batch)
         best_r, best_rate, plain_rate = 0, None, None
         for r in range(max_nodes + 1):
             cost = self.costs.estimate(batch * (r + 1))
@@ -162,53 +138,21 @@ class BatchBudget:
         self.last_budget = NO_CAP if best_r >= max_nodes else best_r
         return best_r
 
-    def record(self, num_rows: int, seconds: float, num_tokens: int, batch: int, overhead_s: float = 0.0,
-               asked: bool = False) -> None:
-        """The step's padded rows, its seconds (see SpeculationPolicy.record) and tokens emitted over the
-        batch; asked: its sequences were told to draft (a budget above 0), and overhead_s is what
-        getting their drafts cost it whatever they held (the wait for a draft worker's drafts)."""
+    def record(self, num_rows: int, seconds: float, num_tokens: int, batch: int) -> None:
+        """The forward's padded rows, wall seconds and tokens emitted over the batch."""
         if not self.config.learn_costs:
             return
         self.costs.record(num_rows, seconds)
-        probe_due = self.steps_since_probe + 1 >= self.probe_interval
         self.steps_since_probe += 1
-        probed = self.probe_expected is not None
-        if asked and self.config.enabled:
-            d = self.config.decay
-            self.overhead_s = d * self.overhead_s + (1 - d) * overhead_s
-            self.fill = d * self.fill + (1 - d) * self.chose
-            if probe_due and not self.chose and self.num_choices:  # a probe that got no draft
-                if overhead_s > 0.05 * seconds:  # ... but waited for them: failed
-                    self.probe_interval = min(2 * self.probe_interval, self.config.max_probe_interval)
-                    self.steps_since_probe = 0
-            elif not probed and not self._asking_pays(batch):
-                self.last_budget = 0
-        self.chose = False
-        if probed:  # at its measured cost, does the probe beat the choice?
+        if self.probe_expected is not None:  # at its measured cost, does the probe beat the choice?
             # Judged on expected tokens, not the tokens this one step drew: at acceptance 0.3 a 2-node
             # probe gains nothing 70% of the time, and judging by that luck backed probing off for good
             # while drafting would pay (a flat verify cost: the choice's 1.0x against 1.4x possible).
-            seconds += overhead_s  # the probe's drafts were waited for: part of what it cost
             paid = self.probe_gain / seconds >= 1.02 * self.probe_expected  # a clear gain, not timing noise
             floor = self.config.min_probe_interval * (4 if batch >= 4 else 1)  # big batches probe rarer
             self.probe_interval = floor if paid else min(max(2 * self.probe_interval, floor),
                                                          self.config.max_probe_interval)
             self.steps_since_probe = 0
-
-    def _asking_pays(self, batch: int) -> bool:
-        """Whether some node budget pays, the wait for drafts and the steps that got none counted (module
-        docstring). True while it cannot be told: no drafts seen yet, or a plain step's cost a guess."""
-        if self.gains is None or not self.costs.means or min(self.costs.means) > batch:
-            return True
-        gains, seen_batch = self.gains
-        plain_s = self.costs.estimate(batch)
-        best = 0.0
-        for r in range(1, len(gains)):
-            cost = self.overhead_s + self.fill * self.costs.estimate(batch * (r + 1)) + (1 - self.fill) * plain_s
-            best = max(best, (batch + self.fill * gains[r] * batch / seen_batch) / cost)
-        free = self.overhead_s <= 0.05 * plain_s  # asking costs no wait worth the name (module docstring)
-        margin = 1 + (self.config.min_gain - 1) * self.fill if free else self.config.min_gain
-        return best >= margin * batch / plain_s
 
 
 def node_order(tree: DraftTree, alpha: float, scale: float = 1.0) -> list[tuple[int, float]]:
