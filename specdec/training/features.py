@@ -191,6 +191,12 @@ def load_features(directory: Path) -> FeatureSet:
     return FeatureSet(t["ids"].long(), t["features"], t["next_ids"].long(), t["cu_seqlens"].long())
 
 
+def generation_model(model, bf16: bool):
+    """The model a shard's forwards run on: a bf16 copy of the target's weights when asked (no per-forward
+    weight casts, autocast's cost at decode batch sizes), else the target itself."""
+    return copy.deepcopy(model).to(torch.bfloat16) if bf16 else model
+
+
 def build_or_load(target, config: FeatureCacheConfig, cache_root: Path,
                   prompt_ids: list[list[int]] | None = None) -> FeatureSet:
     """The feature set for (target, config) from cache_root, building it on first use.
@@ -211,7 +217,7 @@ def build_or_load(target, config: FeatureCacheConfig, cache_root: Path,
                                                           tokenize=False), add_special_tokens=False)[-320:]
                       for p in chat_prompts(config.seed, config.num_prompts)]
         passages = [tok.encode(p)[:256] for p in stdlib_passages(config.num_passages, config.seed)]
-    model = copy.deepcopy(target.model).to(torch.bfloat16) if config.bf16 else target.model
+    model = generation_model(target.model, config.bf16)
     eos_id = model.generation_config.eos_token_id
     eos_id = eos_id[0] if isinstance(eos_id, list) else eos_id
     answers = generate_answers(model, prompt_ids, config.max_new_tokens, config.generate_batch_size,

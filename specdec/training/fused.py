@@ -12,7 +12,6 @@ long data run can stop at any shard and resume; the trainer reads whichever shar
 """
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 from dataclasses import asdict, dataclass
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.training.features import FeatureSet, greedy_batches, load_features, save_features
+from specdec.training.features import FeatureSet, generation_model, greedy_batches, load_features, save_features
 
 
 def default_layers(num_layers: int) -> tuple[int, int, int]:
@@ -128,8 +127,7 @@ def build_shard(target, shard: FusedShard, cache_root: Path, prompt_ids: list[li
         passages = [tok.encode(p)[:256] for p in stdlib_passages(shard.num_passages, shard.seed, shard.source)]
     eos_id = model.generation_config.eos_token_id
     eos_id = eos_id[0] if isinstance(eos_id, list) else eos_id
-    if shard.bf16:  # a copy: no per-forward weight casts (autocast's cost at decode batch sizes)
-        model = copy.deepcopy(model).to(torch.bfloat16)
+    model = generation_model(model, shard.bf16)
     answers = generate_fused(model, prompt_ids, shard.max_new_tokens, shard.batch_size, eos_id,
                              eos_id if eos_id is not None else 0, layers)
     pieces = [(i[:shard.max_seq_len], f[:shard.max_seq_len], n[:shard.max_seq_len]) for i, f, n in answers

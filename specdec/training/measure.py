@@ -69,10 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     questions = load_questions(resolve_questions_path(args.questions), args.per_category)
     methods = args.methods.split(",")
-    engines = {m: Engine.from_pretrained(drafter=drafts.get(m, (m, None))[0], draft=drafts.get(m, (m, None))[1],
-                                         adaptive=not args.no_adaptive,
-                                         num_speculative_tokens=args.num_speculative_tokens, **options.get(m, {}))
-               for m in methods}
+    engines = {}
+    for m in methods:
+        drafter, draft = drafts.get(m, (m, None))  # a label names a drafter with its own checkpoint
+        engines[m] = Engine.from_pretrained(drafter=drafter, draft=draft, adaptive=not args.no_adaptive,
+                                            num_speculative_tokens=args.num_speculative_tokens, **options.get(m, {}))
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     rows: dict[tuple[str, str], dict] = defaultdict(lambda: defaultdict(float))
     mismatches = []
@@ -108,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                       "speedup": tps / (base["tokens"] / max(base["seconds"], 1e-9))})
     result = {"questions": [q.question_id for q in questions], "max_new_tokens": args.max_new_tokens,
               "adaptive": not args.no_adaptive, "num_speculative_tokens": args.num_speculative_tokens,
-              "threads": args.threads, "drafter_options": options, "drafts": drafts, "lossless_mismatches": mismatches, "costs": costs,
-              "table": table}
+              "threads": args.threads, "drafter_options": options, "drafts": drafts,
+              "lossless_mismatches": mismatches, "costs": costs, "table": table}
     print(json.dumps(result, indent=1))
     print(render_table(result))
     if args.out:
