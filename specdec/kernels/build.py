@@ -15,10 +15,10 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name(name) for name in ("rowgemm.cpp", "attention.cpp", "attention_avx2.cpp", "norm.cpp", "layer.cpp", "module.cpp")]
+SOURCES = [Path(__file__).with_name(name) for name in ("rowgemm.cpp", "rowgemm_amx.cpp", "attention.cpp", "attention_avx2.cpp", "norm.cpp", "layer.cpp", "module.cpp")]
 HEADERS = [Path(__file__).with_name(name) for name in ("attention_simd.h", "attention_units.h", "avx2_bf16.h", "parts.h", "team_barrier.h")]  # part of the digest, not compiled alone
 NAME = "specdec_rowgemm"
-ISA_NAMES = ("scalar", "avx2", "avx512", "avx512_bf16")  # rowgemm.cpp's Isa enum, by value
+ISA_NAMES = ("scalar", "avx2", "avx512", "avx512_bf16", "amx_bf16")  # rowgemm.cpp's Isa enum, by value
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Kernel:
 
     @property
     def native_bf16(self) -> bool:
-        """The CPU multiplies bfloat16 itself (VDPBF16PS)."""
+        """The CPU multiplies bfloat16 itself (VDPBF16PS, or AMX tiles)."""
         return self.module is not None and self.module.cpu_isa() >= ISA_NAMES.index("avx512_bf16")
 
 

@@ -18,6 +18,12 @@ inline void share(int64_t count, int64_t part, int64_t parts, int64_t& begin, in
 void rowgemm_part(bool bf16, const void* x, int64_t M, int64_t K, const void* packed, int64_t num_tiles,
                   int64_t n_out, void* y, bool out_fp32, int64_t part, int64_t parts);
 
+// rowgemm_amx.cpp: whether this CPU and OS run AMX-BF16 tiles (asked once; SPECDEC_NO_AMX=1 says no), and
+// packed bfloat16 tiles [begin, end) on them (x as K2 bf16 pairs per row, y [M, n_out] bf16 or float32).
+bool amx_bf16_ready();
+void bf16_amx_tiles(const uint32_t* xp, int64_t M, int64_t K2, const uint16_t* wd, int64_t n_out, char* y,
+                    bool out_fp32, int64_t begin, int64_t end);
+
 // attention.cpp: one call's pointers and element strides (q [B, H, n, d], k / v [B, kv_heads, L, d],
 // mask float32 [B|1, 1, n, L] or null (causal), out [B, n, H, d]).
 struct AttendArgs {

@@ -8,7 +8,8 @@
 // fused multiply-add per step (bf16: one dot-pair per two steps), starting from zero, with no horizontal
 // sum. So a row's result does not depend on which other rows share the call, on the row-group size, on
 // the thread split, nor on the ISA path (AVX-512, AVX2, scalar give bitwise the same float32 results):
-// the row invariance that keeps greedy speculative decoding equal to plain decoding.
+// the row invariance that keeps greedy speculative decoding equal to plain decoding. Where the CPU has
+// AMX, bfloat16 runs on tiles instead (rowgemm_amx.cpp): row-invariant too, but its own bits.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -34,13 +35,14 @@ constexpr int64_t MIN_PARALLEL_ROWS = 2;
 constexpr int64_t MIN_SPLIT_BYTES = int64_t{16} << 20;
 constexpr int64_t MIN_SPLIT_ROW_BYTES = int64_t{4} << 20;   // weights worth splitting for 2+ rows
 constexpr int64_t MIN_SPLIT_MACS = int64_t{32} << 20;       // or arithmetic worth it (prefill chunks)
-enum Isa : int64_t { SCALAR = 0, AVX2 = 1, AVX512 = 2, AVX512_BF16 = 3 };
+enum Isa : int64_t { SCALAR = 0, AVX2 = 1, AVX512 = 2, AVX512_BF16 = 3, AMX_BF16 = 4 };  // AMX: bf16 only
 
 int64_t best_isa() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl")) {
-    return __builtin_cpu_supports("avx512bf16") ? AVX512_BF16 : AVX512;
+    if (!__builtin_cpu_supports("avx512bf16")) return AVX512;
+    return specdec_parts::amx_bf16_ready() ? AMX_BF16 : AVX512_BF16;
   }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return AVX2;
   return SCALAR;
@@ -370,6 +372,7 @@ void bf16_tiles(int64_t isa, const void* x, int64_t M, int64_t K2, const void* p
   const auto* xp = static_cast<const uint32_t*>(x);
   const auto* wd = static_cast<const uint16_t*>(packed);
   char* yd = static_cast<char*>(y);
+  if (isa == AMX_BF16) return specdec_parts::bf16_amx_tiles(xp, M, K2, wd, n_out, yd, out_fp32, begin, end);
   const int64_t elem = out_fp32 ? 4 : 2;
   for (int64_t t = begin; t < end; ++t) {
     const int64_t col = t * TILE;

@@ -44,7 +44,8 @@ def cpu_auto_dtype() -> torch.dtype:
     """float32, said once per process with what bfloat16 would do on this CPU.
 
     Where the CPU multiplies bf16 natively (AVX512-BF16) specdec's kernels run it at about half the
-    bytes (plain decoding ~1.5x float32's tokens/s) and, row-invariant, keep greedy speculative output
+    bytes (plain decoding ~1.5x float32's tokens/s; with AMX tiles a 16-row verify's products cost about
+    a one-row step's) and, row-invariant, keep greedy speculative output
     equal to plain decoding (README, "Forward cost on CPUs"); on AVX2 alone the kernels widen bf16 to
     float32 in registers: half the bytes (plain decoding ~1.5x float32 there too), many-row verifies no
     cheaper than float32's. It stays opt-in (--dtype bfloat16) because bf16 is a different target:

@@ -36,7 +36,7 @@ def test_float32_matches_torch(isa, n, k):
     torch.testing.assert_close(got, x @ weight.T, rtol=1e-5, atol=1e-4)
 
 
-BF16_ISAS = [i for i in (1, 3) if i <= BEST]  # AVX2 (widened to float32), AVX512-BF16 (native)
+BF16_ISAS = [i for i in (1, 3, 4) if i <= BEST]  # AVX2 (widened to float32), AVX512-BF16, AMX tiles
 
 
 @pytest.mark.skipif(not KERNEL.runs_bf16, reason="this CPU runs no bfloat16 path (AVX2 at least)")
