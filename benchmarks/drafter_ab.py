@@ -1,5 +1,6 @@
 """Drafter configurations side by side in one process: tokens/s, decode-only tokens/s, tau and drafting
-seconds on 12 Spec-Bench questions (two per category) or on held-out training-style prompts.
+seconds on 12 Spec-Bench questions (two per category), on held-out training-style prompts or on the
+load test's eight prompts.
 
     python benchmarks/drafter_ab.py --prompts spec --max-new-tokens 96 plain=none eagle3=eagle3 \
         eagle3-full=eagle3,min_path_prob:0
@@ -25,6 +26,10 @@ HELD_OUT_SEED = 999  # training shards use seeds 10-59: these prompts were never
 def prompts_of(which: str) -> list[str]:
     if which == "train":
         return chat_prompts(seed=HELD_OUT_SEED, num_prompts=12)
+    if which == "loadtest":  # `specdec loadtest`'s eight prompts, in process (no router, no gRPC)
+        from specdec.loadtest import PROMPTS
+
+        return list(PROMPTS)
     questions = read_questions(DEFAULT_QUESTIONS)
     return [q.prompt for c in CATEGORIES for q in [q for q in questions if q.category == c][1:3]]
 
@@ -38,7 +43,7 @@ def engine_of(spec: str) -> tuple[str, Engine]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--prompts", choices=("spec", "train"), default="spec")
+    p.add_argument("--prompts", choices=("spec", "train", "loadtest"), default="spec")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("engines", nargs="+", metavar="NAME=DRAFTER[,OPTION:JSON...]")
