@@ -19,7 +19,9 @@
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "attention_simd.h"
@@ -53,18 +55,104 @@ class Vectors {
 
 // One thread's working memory, reused unit after unit.
 struct Scratch {
-  Vectors kt, top16;  // [d] a block of 16 keys across lanes; [pairs] running maxima
+  Vectors kt, top16, st;  // [d] a block of 16 keys across lanes; [pairs] running maxima; [16] AMX's scores
   std::vector<float> qf, probs, acc, sums;  // [pairs, d] queries; [pairs, stride] scores, then probabilities;
                                             // [pairs, d] value accumulators; [pairs] their sums
   std::vector<int64_t> visible;  // [pairs] keys each pair sees
+  std::vector<uint32_t> qt;      // AMX: [d / 2, pairs] the queries' dims in pairs, transposed
+  std::vector<uint16_t> kpad;    // AMX: [16, d] a last block of fewer than 16 keys, zero-padded
   Scratch(int64_t pairs, int64_t stride, int64_t d)
-      : kt(d), top16(pairs), qf(pairs * d), probs(pairs * stride), acc(pairs * d), sums(pairs), visible(pairs) {}
+      : kt(d), top16(pairs), st(16), qf(pairs * d), probs(pairs * stride), acc(pairs * d), sums(pairs),
+        visible(pairs), qt(d / 2 * pairs), kpad(16 * d) {
+    std::fill(reinterpret_cast<float*>(st.data()), reinterpret_cast<float*>(st.data()) + 256, 0.0f);
+  }
 };
+
+// ---- Scores on AMX tiles (bfloat16, where the CPU has them) -------------------------------------------
+// S^T = K Q^T for a block of 16 keys: the keys are the left operand as they lie in the cache (16 rows of 32
+// dims a step), the unit's queries, transposed once per unit into pairs of dims, the right one. A score is
+// one tile element: its value depends on its key's and its query's dims alone, not on the other keys or
+// pairs of the tile, so rows stay invariant and a hidden key changes nothing (the probabilities and the
+// weighing of values stay the vector code below, in key order).
+#define SPECDEC_AMX __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma,amx-tile,amx-bf16")))
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tile 0: the scores [16 keys, pairs] (float32); 1: 16 keys x 32 dims; 2: 16 dim pairs x pairs.
+SPECDEC_AMX void amx_configure(int64_t pairs) {
+  TileConfig t;
+  t.rows[0] = 16, t.colsb[0] = static_cast<uint16_t>(pairs * 4);
+  t.rows[1] = 16, t.colsb[1] = 64;
+  t.rows[2] = 16, t.colsb[2] = static_cast<uint16_t>(pairs * 4);
+  asm volatile("" : : "r"(&t) : "memory");  // GCC 12 drops the stores ldtilecfg reads without this
+  _tile_loadconfig(&t);
+}
+
+SPECDEC_AMX void amx_release() { _tile_release(); }
+
+// The unit's queries as qt[e, p] = pair p's dims (2e, 2e + 1).
+void amx_queries(const Call<at::BFloat16>& c, const Unit& u, uint32_t* qt) {
+  const int64_t pairs = u.rows * u.heads;
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int64_t i = u.row0 + p / u.heads, h = u.g * c.group + u.head0 + p % u.heads;
+    const at::BFloat16* qp = c.queries() + u.b * c.q_b + h * c.q_h + i * c.q_i;
+    for (int64_t e = 0; e < c.d / 2; ++e) std::memcpy(qt + e * pairs + p, qp + 2 * e, 4);
+  }
+}
+
+// s[p] lane e = pair p's score of key e of the block (count keys from `keys`; lanes past them 0).
+SPECDEC_AMX void amx_scores16(const at::BFloat16* keys, int64_t k_row, int64_t count, int64_t d, int64_t pairs,
+                              const uint32_t* qt, uint16_t* kpad, float* st, __m512* s) {
+  const void* kb = keys;
+  int64_t stride = k_row * 2;
+  if (count < 16) {  // the cache may end with the block: read no row past it
+    for (int64_t e = 0; e < 16; ++e) {
+      if (e < count) std::memcpy(kpad + e * d, keys + e * k_row, d * 2);
+      else std::memset(kpad + e * d, 0, d * 2);
+    }
+    kb = kpad, stride = d * 2;
+  }
+  _tile_zero(0);
+  for (int64_t step = 0; step < d / 32; ++step) {
+    _tile_loadd(1, static_cast<const char*>(kb) + 64 * step, stride);
+    _tile_loadd(2, qt + step * 16 * pairs, pairs * 4);
+    _tile_dpbf16ps(0, 1, 2);
+  }
+  _tile_stored(0, st, 64);
+  __m512 r[16];
+  for (int e = 0; e < 16; ++e) r[e] = _mm512_load_ps(st + 16 * e);
+  transpose16(r);
+  for (int64_t p = 0; p < pairs; ++p) s[p] = r[p];
+}
+
+// Pair p's raw scores of keys [j, j + 16): scaled, masked, stored into w.probs, and into its running max.
+template <typename T>
+AVX512 inline void take_scores(const Call<T>& c, const Unit& u, Scratch& w, int64_t stride, int64_t j, int64_t p,
+                               __m512 raw) {
+  const int64_t seen = std::min<int64_t>(16, w.visible[p] - j);
+  if (seen <= 0) return;
+  const __mmask16 lanes = seen == 16 ? 0xFFFF : static_cast<__mmask16>((1u << seen) - 1);
+  __m512 sc = _mm512_mul_ps(raw, _mm512_set1_ps(c.scale));
+  if (c.mask != nullptr) {
+    alignas(64) float masked[16];
+    const float* m = c.mask + u.b * c.m_b + (u.row0 + p / u.heads) * c.m_i + j * c.m_j;
+    if (c.m_j != 1)
+      for (int64_t e = 0; e < seen; ++e) masked[e] = m[e * c.m_j];
+    sc = _mm512_add_ps(sc, c.m_j == 1 ? _mm512_maskz_loadu_ps(lanes, m) : _mm512_load_ps(masked));
+  }
+  _mm512_mask_storeu_ps(w.probs.data() + p * stride + j, lanes, sc);
+  __m512* const top16 = w.top16.data();
+  top16[p] = _mm512_mask_max_ps(top16[p], lanes, top16[p], sc);
+}
 
 // Every pair's unnormalized probabilities exp(q . k_j * scale + mask_j - max) into w.probs, zero from its
 // own visible count up to the unit's largest, which is returned.
 template <typename T>
-AVX512 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t stride) {
+AVX512 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t stride, bool amx) {
   const int64_t pairs = u.rows * u.heads, d = c.d;
   const T* keys = c.keys() + u.b * c.k_b + u.g * c.k_g;
   __m512* const top16 = w.top16.data();
@@ -73,20 +161,35 @@ AVX512 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t s
   for (int64_t p = 0; p < pairs; ++p) {
     const int64_t i = u.row0 + p / u.heads, h = u.g * c.group + u.head0 + p % u.heads;
     const T* qp = c.queries() + u.b * c.q_b + h * c.q_h + i * c.q_i;
-    for (int64_t ch = 0; ch < c.chunks; ++ch) _mm512_storeu_ps(w.qf.data() + p * d + 16 * ch, load16(qp + 16 * ch));
+    if (!amx)
+      for (int64_t ch = 0; ch < c.chunks; ++ch) _mm512_storeu_ps(w.qf.data() + p * d + 16 * ch, load16(qp + 16 * ch));
     w.visible[p] = c.visible(i);
     top16[p] = _mm512_set1_ps(NEG_INF);
     most = std::max(most, w.visible[p]);
   }
-  const __m512 scale16 = _mm512_set1_ps(c.scale);
-  alignas(64) float masked[16];
-  __m512 s[6];
-  for (int64_t j = 0; j < most; j += 16) {  // 16 keys read and transposed once, scored for every pair
-    keys_across_lanes<T>(keys + j * c.k_row, c.k_row, std::min<int64_t>(16, most - j), c.chunks, kt);
+  if constexpr (std::is_same<T, at::BFloat16>::value) {
+    if (amx) {
+      amx_queries(c, u, w.qt.data());
+      amx_configure(pairs);
+    }
+  }
+  for (int64_t j = 0; j < most; j += 16) {  // 16 keys read (and transposed) once, scored for every pair
+    const int64_t count = std::min<int64_t>(16, most - j);
+    if constexpr (std::is_same<T, at::BFloat16>::value) {
+      if (amx) {
+        __m512 s[16];
+        amx_scores16(keys + j * c.k_row, c.k_row, count, d, pairs, w.qt.data(), w.kpad.data(),
+                     reinterpret_cast<float*>(w.st.data()), s);
+        for (int64_t p = 0; p < pairs; ++p) take_scores<T>(c, u, w, stride, j, p, s[p]);
+        continue;
+      }
+    }
+    keys_across_lanes<T>(keys + j * c.k_row, c.k_row, count, c.chunks, kt);
+    __m512 s[6];
     for (int64_t p = 0; p < pairs;) {
-      const int64_t count = std::min<int64_t>(6, pairs - p);
+      const int64_t group = std::min<int64_t>(6, pairs - p);
       const float* q = w.qf.data() + p * d;
-      switch (count) {
+      switch (group) {
         case 1: scores16<1>(q, d, kt, d, s); break;
         case 2: scores16<2>(q, d, kt, d, s); break;
         case 3: scores16<3>(q, d, kt, d, s); break;
@@ -94,20 +197,7 @@ AVX512 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t s
         case 5: scores16<5>(q, d, kt, d, s); break;
         default: scores16<6>(q, d, kt, d, s); break;
       }
-      for (int64_t g = 0; g < count; ++g, ++p) {
-        const int64_t seen = std::min<int64_t>(16, w.visible[p] - j);
-        if (seen <= 0) continue;
-        const __mmask16 lanes = seen == 16 ? 0xFFFF : static_cast<__mmask16>((1u << seen) - 1);
-        __m512 sc = _mm512_mul_ps(s[g], scale16);
-        if (c.mask != nullptr) {
-          const float* m = c.mask + u.b * c.m_b + (u.row0 + p / u.heads) * c.m_i + j * c.m_j;
-          if (c.m_j != 1)
-            for (int64_t e = 0; e < seen; ++e) masked[e] = m[e * c.m_j];
-          sc = _mm512_add_ps(sc, c.m_j == 1 ? _mm512_maskz_loadu_ps(lanes, m) : _mm512_load_ps(masked));
-        }
-        _mm512_mask_storeu_ps(w.probs.data() + p * stride + j, lanes, sc);
-        top16[p] = _mm512_mask_max_ps(top16[p], lanes, top16[p], sc);
-      }
+      for (int64_t g = 0; g < group; ++g, ++p) take_scores<T>(c, u, w, stride, j, p, s[g]);
     }
   }
   for (int64_t p = 0; p < pairs; ++p) {
@@ -169,7 +259,7 @@ AVX512 void unit_weigh(const Call<T>& c, const Unit& u, Scratch& w, int64_t stri
 
 // Units [begin, end) of the call's split: a (b, g)'s units one after another, so its keys stay in L2.
 template <typename T>
-void attend_items(const Call<T>& c, const Split& split, int64_t kv_heads, int64_t begin, int64_t end) {
+void attend_items(const Call<T>& c, const Split& split, int64_t kv_heads, int64_t begin, int64_t end, bool amx) {
   const int64_t per_group = split.row_blocks * split.head_blocks, stride = c.L + 16;
   Scratch w(split.rows * split.heads, stride, c.d);
   for (int64_t item = begin; item < end; ++item) {
@@ -177,18 +267,23 @@ void attend_items(const Call<T>& c, const Split& split, int64_t kv_heads, int64_
     const int64_t r = (item % per_group) / split.head_blocks, hb = item % split.head_blocks;
     const Unit u{b, g, r * split.rows, std::min(split.rows, c.n - r * split.rows), hb * split.heads,
                  std::min(split.heads, c.group - hb * split.heads)};
-    unit_weigh<T>(c, u, w, stride, unit_probs<T>(c, u, w, stride));
+    unit_weigh<T>(c, u, w, stride, unit_probs<T>(c, u, w, stride, amx));
   }
+  if (amx) amx_release();
 }
 
 // Part `part` of `parts` of the call's units (the split sized for `parts` threads).
 template <typename T>
 void attend_share(const specdec_parts::AttendArgs& a, int64_t part, int64_t parts) {
   const Call<T> c(a);
-  const Split split = split_work(a.B, a.kv_heads, a.n, c.group, parts);
+  // bf16 scores on AMX tiles where the CPU has them: a tile holds 16 pairs, so units hold at most 16.
+  const bool amx = std::is_same<T, at::BFloat16>::value && a.d % 32 == 0 && c.group <= 16 &&
+                   specdec_parts::amx_bf16_ready();
+  const Split split = split_work(a.B, a.kv_heads, a.n, c.group, parts,
+                                 amx ? 16 : specdec_attention_units::MOST_PAIRS);
   int64_t begin, end;
   specdec_parts::share(a.B * a.kv_heads * split.row_blocks * split.head_blocks, part, parts, begin, end);
-  if (begin < end) attend_items<T>(c, split, a.kv_heads, begin, end);
+  if (begin < end) attend_items<T>(c, split, a.kv_heads, begin, end, amx);
 }
 
 }  // namespace

@@ -39,12 +39,13 @@ struct Split {
   int64_t rows, heads, row_blocks, head_blocks;
 };
 
-inline Split split_work(int64_t B, int64_t kv_heads, int64_t n, int64_t group, int64_t threads) {
+inline Split split_work(int64_t B, int64_t kv_heads, int64_t n, int64_t group, int64_t threads,
+                        int64_t most_pairs = MOST_PAIRS) {
   const auto blocks = [](int64_t total, int64_t each) { return (total + each - 1) / each; };
   Split best{1, 1, n, group};
   int64_t best_cost = -1;
   for (int64_t heads = group;; heads = blocks(heads, 2)) {
-    for (int64_t rows = std::min<int64_t>(n, std::max<int64_t>(1, MOST_PAIRS / heads)); rows >= 1; --rows) {
+    for (int64_t rows = std::min<int64_t>(n, std::max<int64_t>(1, most_pairs / heads)); rows >= 1; --rows) {
       const int64_t even_rows = blocks(n, blocks(n, rows)), even_heads = blocks(group, blocks(group, heads));
       const int64_t units = B * kv_heads * blocks(n, even_rows) * blocks(group, even_heads);
       const int64_t cost = blocks(units, threads) * (TRANSPOSE_PAIRS + even_rows * even_heads);

@@ -115,6 +115,7 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) void specdec_parts::bf16_am
       const int64_t rows = group_rows(M - row);
       if (rows != configured) {
         const TileConfig config = config_for(rows, tail);
+        asm volatile("" : : "r"(&config) : "memory");  // GCC 12 may drop the stores ldtilecfg reads otherwise
         _tile_loadconfig(&config);
         configured = rows;
       }

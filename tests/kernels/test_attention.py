@@ -55,9 +55,10 @@ def test_rows_are_invariant_bitwise(dtype):
     assert torch.equal(attend(strided, k, v), together)
 
 
-def test_tree_mask_hides_siblings_exactly():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tree_mask_hides_siblings_exactly(dtype):
     """A row whose mask hides keys in the middle (a sibling branch) equals attention over the rest."""
-    q, k, v = qkv(torch.float32, seed=2)
+    q, k, v = qkv(dtype, seed=2)
     mask = torch.zeros(B, 1, ROWS, KEYS)
     mask[..., 100:140] = float("-inf")
     keep = torch.cat([torch.arange(100), torch.arange(140, KEYS)])
