@@ -326,13 +326,10 @@ void f32_tile(int64_t isa, const float* wp, const float* x, int64_t ldx, int64_t
     return avx2_rows(M, 6, [&](int64_t lead) { ROWS_SWITCH(lead, CALL_AVX2_FULL, 6) },
                      [&](int64_t row, int64_t rows) { ROWS_SWITCH(rows, CALL_AVX2, 6) });
   }
-  static const int mode = getenv("SPECDEC_PF_MODE") ? atoi(getenv("SPECDEC_PF_MODE")) : 0;
   const int64_t groups = (M + 11) / 12;
-  if (mode == 1 && groups > 1) pf = nullptr;
   for (int64_t row = 0, g = 0; row < M; ++g) {
     const int64_t rows = group_rows(M - row, 12);
-    int64_t pf_lo = K * g / groups, pf_hi = K * (g + 1) / groups;
-    if (mode == 2) pf_lo = g == 0 ? 0 : K, pf_hi = g == 0 ? K : K;
+    const int64_t pf_lo = K * g / groups, pf_hi = K * (g + 1) / groups;
 #define CALL_512(R) f32_avx512<R>(wp, x + row * ldx, ldx, K, y + row * ldy, ldy, nvalid, pf, pf_lo, pf_hi)
     ROWS_SWITCH(rows, CALL_512, 12)
     row += rows;
