@@ -30,6 +30,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--draft-in", choices=DRAFT_PLACES, default="worker",
                    help="local stack: ngram / suffix / draft in a draft worker process or inside the target worker")
     p.add_argument("--target", default=None, help="target checkpoint dir of the local stack (default: embedded)")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                   help="weights of the local stacks' models (bfloat16: half the bytes a token; on a CPU with AMX "
+                        "a verify forward costs about a one-token one)")
     p.add_argument("--no-spec", action="store_true", help="local stack without speculation")
     p.add_argument("--compare", action="store_true", help="local stacks with and without speculation, one after the other")
     p.add_argument("--rounds", type=int, default=1,
@@ -76,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
 
         machine = machine_info()
         print(f"local stacks on {machine['cpu']} (flags: {' '.join(machine['cpu_flags']) or 'none'}), "
-              f"{machine['num_cpus']} CPUs, torch {machine['torch_num_threads']} threads, load "
+              f"{machine['num_cpus']} CPUs, torch {machine['torch_num_threads']} threads, dtype {args.dtype}, load "
               f"{machine.get('load_average_1m')}", file=sys.stderr, flush=True)
     with contextlib.ExitStack() as stacks:  # every stack up at once: levels alternate between them
         targets = [stacks.enter_context(_stack(args, drafter)) for _, drafter in configs]
@@ -121,12 +124,13 @@ def local_stack_config(args: argparse.Namespace, drafter: str | None):
 
     no_spec = drafter is None
     ns = argparse.Namespace(config=None, target=args.target, drafter=drafter or DEFAULT_DRAFTER, draft=None,
-                            draft_in=args.draft_in, dtype="auto", port=0,
+                            draft_in=args.draft_in, dtype=args.dtype, port=0,
                             http_port=0, api_keys_file=None, no_pipeline=False, metrics_port=-1, host=None,
                             insecure=False, device="auto", linear_kernel="auto")
     config = stack_config(ns)
     if no_spec:  # the same target worker, with no drafter anywhere
-        config = StackConfig(router=config.router, targets=(TargetConfig(model=args.target),), drafts=())
+        config = StackConfig(router=config.router, targets=(TargetConfig(model=args.target, dtype=args.dtype),),
+                             drafts=())
     return config
 
 

@@ -72,10 +72,22 @@ def test_local_stack_config_has_every_serve_default():
 
     from specdec.commands.loadtest import local_stack_config
 
-    args = argparse.Namespace(target=None, draft_in="worker")
+    args = argparse.Namespace(target=None, draft_in="worker", dtype="auto")
     spec, plain = local_stack_config(args, "ngram"), local_stack_config(args, None)
     assert [d.drafter for d in spec.drafts] == ["ngram"] and plain.drafts == ()
     assert spec.targets[0].linear_kernel == "auto" and spec.targets[0].device == "auto"
+
+
+def test_local_stacks_share_the_dtype_asked_for():
+    """--dtype bfloat16 reaches both stacks' targets (and the draft worker): a comparison in one dtype."""
+    import argparse
+
+    from specdec.commands.loadtest import local_stack_config
+
+    args = argparse.Namespace(target=None, draft_in="worker", dtype="bfloat16")
+    spec, plain = local_stack_config(args, "draft"), local_stack_config(args, None)
+    assert [t.dtype for t in spec.targets + plain.targets] == ["bfloat16", "bfloat16"]
+    assert [d.dtype for d in spec.drafts] == ["bfloat16"]
 
 
 def test_local_stack_can_draft_inside_the_target():
@@ -83,7 +95,7 @@ def test_local_stack_can_draft_inside_the_target():
 
     from specdec.commands.loadtest import local_stack_config
 
-    spec = local_stack_config(argparse.Namespace(target=None, draft_in="target"), "suffix")
+    spec = local_stack_config(argparse.Namespace(target=None, draft_in="target", dtype="auto"), "suffix")
     assert spec.drafts == () and [t.drafter for t in spec.targets] == ["suffix"]
 
 
