@@ -49,7 +49,6 @@ class SeqState:
     draft_trace: dict | None = None  # trace context of the draft span behind `pending`
     owner_key: str = ""  # Release must present it (specdec.keys); "" = anyone
     draft_key: str = ""  # every draft must carry it: only the attached draft worker drafts; "" = anyone
-    told_budget: int = -1  # the node budget of the last commit sent to its drafters (-1: none sent yet)
 
 
 def check_resumed(resumed_ids: list[int], params, vocab_size: int) -> None:

@@ -287,16 +287,13 @@ class TargetWorker(DraftIntake):
             state.version_since = time.monotonic()
             state.version, state.context_len = seq.version, len(seq.context)
             state.pending = None  # anything queued during the step was built on the old version
-            # The draft worker hears of every budget but a repeated 0. The first 0 tells it to stop drafting
-            # (before, it drafted on at its last budget, was refused stale and drafted again); the commit
-            # before a probe carries the probe's budget (BatchBudget.cap) and restarts it: it has missed the
-            # commits in between and resynchronises through one stale refusal (which carries the context).
-            # Sending it every budget-0 commit too kept it in step without that round trip, but cost the
-            # loaded target ~5% more CPU (a gRPC message per sequence per step) for nothing drafted.
-            if budget != 0 or state.told_budget != 0 or seq.finish_reason is not None:
-                state.told_budget = budget if state.drafters else -1
-                for link in state.drafters:
-                    link.send(target_pb2.VerifyMessage(sequence_id=seq_id, commit=commit))
+            # Every commit goes to the drafters, budget 0 too: that one tells the draft worker to stop
+            # drafting (it keeps its copy of the context current, which is cheap), and the commit before a
+            # probe step carries the probe's budget (BatchBudget.cap), so the draft is made at once on the
+            # current version. Silent budget-0 steps left the worker on its last budget: it drafted on, was
+            # refused stale and resynchronised (the whole context) before a probe could get a draft.
+            for link in state.drafters:
+                link.send(target_pb2.VerifyMessage(sequence_id=seq_id, commit=commit))
             if seq.finish_reason is not None:
                 del self.seqs[seq_id]
                 self.policy.remove(seq_id)
