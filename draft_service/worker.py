@@ -209,7 +209,7 @@ class DraftWorker:
         if commit.version <= seq.version:
             return  # already known from a refusal's context
         seq.max_tokens = commit.draft_budget if commit.HasField("draft_budget") else None
-        if commit.version != seq.version + 1:  # we missed commits (none are sent while the budget is 0): ask
+        if commit.version != seq.version + 1:  # we missed commits (joined late, a link broke): ask
             seq.prepared = None
             self._send(seq, DraftTree.empty())
             return

@@ -287,12 +287,13 @@ class TargetWorker(DraftIntake):
             state.version_since = time.monotonic()
             state.version, state.context_len = seq.version, len(seq.context)
             state.pending = None  # anything queued during the step was built on the old version
-            # While its budget is 0 the draft worker has nothing to do: sparing it a message a step keeps
-            # its process off the cores the loaded forward runs on. When drafting resumes it has missed
-            # commits, and resynchronises through a stale refusal (which carries the context).
-            if budget != 0 or seq.finish_reason is not None:
-                for link in state.drafters:
-                    link.send(target_pb2.VerifyMessage(sequence_id=seq_id, commit=commit))
+            # Every commit goes to the drafters, budget 0 too: that one tells the draft worker to stop
+            # drafting (it keeps its copy of the context current, which is cheap), and the commit before a
+            # probe step carries the probe's budget (BatchBudget.cap), so the draft is made at once on the
+            # current version. Silent budget-0 steps left the worker on its last budget: it drafted on, was
+            # refused stale and resynchronised (the whole context) before a probe could get a draft.
+            for link in state.drafters:
+                link.send(target_pb2.VerifyMessage(sequence_id=seq_id, commit=commit))
             if seq.finish_reason is not None:
                 del self.seqs[seq_id]
                 self.policy.remove(seq_id)

@@ -239,3 +239,32 @@ def test_a_drafted_steps_cost_includes_getting_its_drafts():
     policy.record(["a"], [DraftTree.chain([1, 2])], [FakeStep([0, 0], 1, 2)], 0.014, draft_s=0.002, wait_s=0.005)
     policy.record(["a"], [DraftTree.empty()], [FakeStep([0], 0, 0)], 0.013, draft_s=0.001, wait_s=0.004)
     assert policy.batch.costs.means == {3: pytest.approx(0.021), 1: pytest.approx(0.013)}
+
+
+def test_a_probe_that_got_no_drafts_is_neither_judged_nor_dropped():
+    """Under load the budget is 0 but for probes. The commit before a probe step announces the probe's
+    budget (the draft worker drafts for it at once); a probe step whose drafts did not come (the draft
+    worker restarting, or slow) verified nothing, so it says nothing about costs: the interval does not
+    back off and the probe stays due until a step brings drafts, which is then judged."""
+    budget = SpeculationPolicy(PolicyConfig(max_depth=4, adaptive=False))
+    keys = [str(i) for i in range(32)]
+    for k in keys:
+        budget.add(k)
+
+    def step(drafted: bool) -> None:
+        trees = [DraftTree.chain([1] * (budget.plan(k, 4).depth if drafted else 0)) for k in keys]
+        trees = budget.allocate(keys, trees, [False] * len(keys))
+        budget.record(keys, trees, [FakeStep([0], 0, t.num_nodes) for t in trees], cpu_like(32 * (1 + trees[0].num_nodes)))
+
+    while budget.cap() != 0:  # learn that drafting does not pay at this load
+        step(True)
+    while budget.cap() == 0:  # plain steps until the one before a probe
+        step(True)
+    batch = budget.batch
+    assert batch.steps_since_probe + 1 >= batch.probe_interval and budget.cap() > 0  # announced a step ahead
+    interval = batch.probe_interval
+    for _ in range(3):  # the probe steps get no drafts: nothing judged, the probe still due
+        step(False)
+        assert batch.probe_interval == interval and budget.cap() > 0
+    step(True)  # drafts came: the probe is judged (under this load it fails and backs off)
+    assert batch.probe_interval > interval and batch.steps_since_probe == 0

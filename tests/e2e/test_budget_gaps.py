@@ -1,6 +1,7 @@
-"""Load-aware budgets over gRPC: while a sequence's budget is 0 its draft worker gets no commits;
-when drafting resumes it resynchronises (stale refusal) and drafts are accepted again, and the
-output still equals plain decoding token for token. In process, so the budget can be scripted."""
+"""Load-aware budgets over gRPC: while a sequence's budget is 0 its draft worker still gets every
+commit (draft_budget 0) and drafts nothing; when the budget comes back it drafts on the current
+version at once (no stale refusal, no resynchronisation), drafts are accepted again, and the output
+still equals plain decoding token for token. In process, so the budget can be scripted."""
 from __future__ import annotations
 
 import grpc
@@ -19,6 +20,26 @@ from specdec.rpc.v1 import target_pb2, target_pb2_grpc
 from specdec.serving_config import DraftConfig, TargetConfig
 from target_service.server import TargetServicer
 from target_service.worker import TargetWorker
+
+
+class RecordingDraftWorker(DraftWorker):
+    """Notes the commits the target sent it, the drafts it sent (version, nodes) and the refusals it got."""
+
+    def __init__(self, *args, **kwargs):
+        self.commits, self.sent, self.refusals = [], [], []
+        super().__init__(*args, **kwargs)
+
+    def _on_commit(self, seq, commit):
+        self.commits.append((commit.version, commit.draft_budget if commit.HasField("draft_budget") else None))
+        super()._on_commit(seq, commit)
+
+    def _on_refusal(self, seq, refusal):
+        self.refusals.append(refusal.kind)
+        super()._on_refusal(seq, refusal)
+
+    def _send(self, seq, tree, drafted=None, pipelined=False):
+        self.sent.append((seq.version, tree.num_nodes))
+        super()._send(seq, tree, drafted, pipelined)
 
 
 class ScriptedBudget(SpeculationPolicy):
@@ -48,7 +69,7 @@ def test_drafting_resumes_after_a_zero_budget(tiny_models, reference):
     server = start_server(lambda s: target_pb2_grpc.add_TargetWorkerServicer_to_server(TargetServicer(worker), s),
                           ["specdec.v1.TargetWorker"])
     draft_model = ModelRunner(load_model(tiny_models["draft"], torch.float32).model)  # a noisy copy: often right
-    drafts = DraftWorker(DraftModelDrafter(draft_model), DraftConfig(drafter="draft", pipeline=False, adaptive=False, num_speculative_tokens=4))
+    drafts = RecordingDraftWorker(DraftModelDrafter(draft_model), DraftConfig(drafter="draft", pipeline=False, adaptive=False, num_speculative_tokens=4))
     try:
         with grpc.insecure_channel(server.address) as channel:
             stub = target_pb2_grpc.TargetWorkerStub(channel)
@@ -64,6 +85,12 @@ def test_drafting_resumes_after_a_zero_budget(tiny_models, reference):
         assert sum(c.num_accepted for c in steps[:2]) > 0  # drafts were accepted before the gap ...
         assert sum(c.num_accepted for c in steps[6:]) > 0  # ... and are again after it
         assert any(c.HasField("draft_budget") and c.draft_budget == 0 for c in steps)
+        # the commits of versions 2-5 announced budget 0 for the steps on them: the draft worker got them,
+        # drafted nothing on those versions, and was never out of step (no stale refusal to resync from)
+        assert [(v, b) for v, b in drafts.commits if 2 <= v <= 5] == [(v, 0) for v in range(2, 6)]
+        assert not [v for v, nodes in drafts.sent if 2 <= v <= 5 and nodes > 0]
+        assert any(v == 6 and n > 0 for v, n in drafts.sent)  # the budget came back: drafted at once
+        assert target_pb2.Refusal.STALE not in drafts.refusals
     finally:
         drafts.stop()
         server.stop()
