@@ -111,10 +111,14 @@ def stack_caches(runner, caches: list, lens: list[int]):
         ref = next((c.store for c in caches if c.store is not None), None)
         if ref is None:  # nothing cached anywhere yet: allocated by the first forward, batch-wide
             return out
-        store = ref.new_zeros(ref.shape[0], 2, len(caches), ref.shape[3], out.capacity, ref.shape[5])
+        whole = _reads_whole_capacity(runner)
+        shape = (ref.shape[0], 2, len(caches), ref.shape[3], out.capacity, ref.shape[5])
+        store = ref.new_zeros(shape) if whole else ref.new_empty(shape)
         for i, c in enumerate(caches):
             if lens[i]:
                 store[:, :, i, :, :lens[i]] = c.store[:, :, 0, :, :lens[i]]
+            if not whole:  # the gap the mask hides is read all the same: it must hold finite values
+                store[:, :, i, :, lens[i]:max_len] = 0
         out.adopt(store, max_len)
         return out
     cache = runner.new_cache()
@@ -136,8 +140,8 @@ def select_row(runner, cache, row: int, length: int, capacity: int = 0):
     if isinstance(cache, StaticKVCache):
         out = runner.new_cache(max(capacity, length))
         if cache.store is not None:
-            store = cache.store.new_zeros(*cache.store.shape[:2], 1, cache.store.shape[3], out.capacity,
-                                          cache.store.shape[5])
+            shape = (*cache.store.shape[:2], 1, cache.store.shape[3], out.capacity, cache.store.shape[5])
+            store = cache.store.new_zeros(shape) if _reads_whole_capacity(runner) else cache.store.new_empty(shape)
             store[:, :, 0, :, :length] = cache.store[:, :, row, :, :length]
             out.adopt(store, length)
         return out
@@ -146,3 +150,11 @@ def select_row(runner, cache, row: int, length: int, capacity: int = 0):
         out.update(layer.keys[row:row + 1, :, :length].clone(), layer.values[row:row + 1, :, :length].clone(),
                    layer_idx)
     return out
+
+
+def _reads_whole_capacity(runner) -> bool:
+    """Whether forwards attend over a static cache's whole capacity (fixed-width graphs, specdec.graphs).
+    Otherwise a forward writes its columns at [length, length + n) before it reads them, so a restacked
+    store's columns past the longest row need no zeros: zeroing them, for every sequence at every change of
+    the batch, cost a served target worker about as much as its forwards."""
+    return getattr(runner, "graphs", None) is not None
