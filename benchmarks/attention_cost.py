@@ -1,55 +1,69 @@
-"""specdec's attention kernel alone: milliseconds for 30 layers' calls (SmolLM2's shape: 9 query heads,
-3 kv heads, head dim 64) against query rows and cached keys, float32 and bfloat16.
+"""Microseconds per call of specdec's attention kernel alone (attention.cpp), against the query row count.
 
-    python benchmarks/attention_cost.py [--threads 2]
-    SPECDEC_NO_AMX=1 python benchmarks/attention_cost.py   # bf16 scores on vector code, not AMX tiles
+    .venv/bin/python benchmarks/attention_cost.py --threads 1
+
+SmolLM2's shape by default (9 query heads over 3 kv heads, head size 64), one sequence, a causal mask
+over `cached` + rows keys, float32 and bfloat16; the fastest of --repeats calls (the keys and values
+stay in cache between calls, so this is the kernel's arithmetic, not the memory a forward streams).
+Two checkouts compare by running this in each, one after the other: the extension of each is built
+from its own sources, and two builds cannot share one process. On a CPU with AMX, bf16 scores run on its
+tiles; `SPECDEC_NO_AMX=1` times the vector path instead.
 """
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import torch
 
-from specdec.bench.machine import cpu_info
+from specdec.bench.machine import machine_info
 from specdec.kernels.build import load_kernel
 
-LAYERS, HEADS, KV_HEADS, DIM = 30, 9, 3, 64
 
-
-def best_ms(fn, repeats: int) -> float:
-    for _ in range(3):
-        fn()
+def fastest_us(fn, repeats: int) -> float:
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - start)
-    return best * 1e3
+    return best * 1e6
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=10)
-    args = p.parse_args()
-    torch.set_num_threads(args.threads)
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 16])
+    p.add_argument("--contexts", type=int, nargs="+", default=[256, 1024])
+    p.add_argument("--heads", type=int, default=9)
+    p.add_argument("--kv-heads", type=int, default=3)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=40)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    if args.threads < 1 or args.repeats < 1 or args.heads % args.kv_heads or args.head_dim % 16:
+        p.error("--threads and --repeats >= 1, --heads a multiple of --kv-heads, --head-dim of 16")
     kernel = load_kernel()
-    if kernel.module is None:
-        raise SystemExit(f"error: the kernels did not build: {kernel.reason}")
-    print(cpu_info(), f"kernel isa {kernel.isa}, {args.threads} threads")
+    if kernel.module is None or kernel.isa == "scalar":
+        p.error(f"the attention kernel needs the extension on an AVX2 or AVX-512 CPU ({kernel.reason or kernel.isa})")
+    torch.set_num_threads(args.threads)
+    info = machine_info()
+    print(f"CPU: {info['cpu']}; flags: {', '.join(info['cpu_flags'])}; kernel {kernel.isa}; torch threads "
+          f"{torch.get_num_threads()}; load average {info.get('load_average_1m')}")
+    print("| dtype | cached | rows | us per call | GFLOP/s |\n|---|---|---|---|---|")
     gen = torch.Generator().manual_seed(0)
     for dtype in (torch.float32, torch.bfloat16):
-        for keys in (256, 1024):
-            k, v = (torch.randn(1, KV_HEADS, keys, DIM, generator=gen).to(dtype) for _ in range(2))
-            cells = []
-            for rows in (1, 8, 16):
-                q = torch.randn(1, HEADS, rows, DIM, generator=gen).to(dtype)
-                ms = best_ms(lambda: [kernel.module.attend(q, k, v, None, DIM ** -0.5) for _ in range(LAYERS)],
-                             args.repeats)
-                cells.append(f"{rows} rows {ms:.2f} ms")
-            print(f"{str(dtype).removeprefix('torch.')}, {keys} keys: " + ", ".join(cells), flush=True)
+        for cached in args.contexts:
+            for rows in args.rows:
+                keys = cached + rows
+                q = torch.randn(1, rows, args.heads, args.head_dim, generator=gen).to(dtype).transpose(1, 2)
+                k, v = (torch.randn(1, args.kv_heads, keys, args.head_dim, generator=gen).to(dtype) for _ in range(2))
+                mask = torch.zeros(1, 1, rows, keys)
+                mask[..., cached:] = torch.full((rows, rows), float("-inf")).triu(1)
+                us = fastest_us(lambda: kernel.module.attend(q, k, v, mask, args.head_dim ** -0.5), args.repeats)
+                flops = 4 * rows * args.heads * keys * args.head_dim  # q.k and p.v, a multiply-add each
+                print(f"| {str(dtype).removeprefix('torch.')} | {cached} | {rows} | {us:.1f} | {flops / us / 1e3:.0f} |")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -7,9 +7,9 @@ one call each, per row count and rowgemm path, in one process (so paths compare 
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
+from attention_cost import fastest_us  # beside this script in benchmarks/
 
 from specdec.bench.machine import cpu_info
 from specdec.kernels.build import ISA_NAMES, load_kernel
@@ -41,13 +41,9 @@ def main() -> None:
             def products() -> None:
                 for (n, k), w in zip(SHAPES, weights):
                     kernel.module.rowgemm(xs[k], w, n, isa, False)
-            products()
-            fastest = float("inf")
-            for _ in range(args.repeats):
-                start = time.perf_counter()
-                products()
-                fastest = min(fastest, time.perf_counter() - start)
-            cells.append(f"{ISA_NAMES[isa]} {fastest * 1e3:.2f} ms ({num_bytes / fastest / 1e9:.1f} GB/s)")
+            products()  # warm: the first call of a path faults its pages in
+            ms = fastest_us(products, args.repeats) / 1e3
+            cells.append(f"{ISA_NAMES[isa]} {ms:.2f} ms ({num_bytes / ms / 1e6:.1f} GB/s)")
         print(f"{rows:2d} rows: " + ", ".join(cells), flush=True)
 
 

@@ -290,8 +290,8 @@ class TargetWorker(DraftIntake):
             # Every commit goes to the drafters, budget 0 too: that one tells the draft worker to stop
             # drafting (it keeps its copy of the context current, which is cheap), and the commit before a
             # probe step carries the probe's budget (BatchBudget.cap), so the draft is made at once on the
-            # current version. Silent budget-0 steps left the worker on its last budget: it drafted on, was
-            # refused stale and resynchronised (the whole context) before a probe could get a draft.
+            # current version. Silent budget-0 steps left the worker versions behind, so a probe's draft first
+            # needed a stale refusal and a resynchronisation carrying the whole context.
             for link in state.drafters:
                 link.send(target_pb2.VerifyMessage(sequence_id=seq_id, commit=commit))
             if seq.finish_reason is not None:

@@ -100,6 +100,18 @@ bool specdec_parts::amx_bf16_ready() {
   return ready;
 }
 
+// Step s (16 pairs of k, or the tail's fewer): x's pairs into tile X, the packed tile's halves (outputs 0-15,
+// 16-31) into W0 and W1, both products into accumulators 0 and 1. A macro: tile numbers must be literals.
+#define AMX_STEP(X, W0, W1, s)                                   \
+  do {                                                           \
+    const uint16_t* ws = wp + (s) * STEP * 2 * TILE;             \
+    _tile_loadd(X, xr + (s) * STEP, K2 * 4);                     \
+    _tile_loadd(W0, ws, 2 * TILE * 2);                           \
+    _tile_loadd(W1, ws + TILE, 2 * TILE * 2);                    \
+    _tile_dpbf16ps(0, X, W0);                                    \
+    _tile_dpbf16ps(1, X, W1);                                    \
+  } while (0)
+
 // Packed tiles [begin, end): x as K2 bf16 pairs per row (uint32 [M, K2]), y [M, n_out] (bf16 or float32).
 __attribute__((target("amx-tile,amx-bf16,avx512f"))) void specdec_parts::bf16_amx_tiles(
     const uint32_t* xp, int64_t M, int64_t K2, const uint16_t* wd, int64_t n_out, char* y, bool out_fp32,
@@ -123,23 +135,12 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) void specdec_parts::bf16_am
       const uint32_t* xr = xp + row * K2;
       _tile_zero(0);
       _tile_zero(1);
-      for (int64_t s = 0; s < steps; ++s) {
+      for (int64_t s = 0; s < steps + (tail ? 1 : 0); ++s) {
         if (pf != nullptr) prefetch_pairs(pf, std::max(pf_lo, s * STEP), std::min(pf_hi, (s + 1) * STEP));
-        const uint16_t* ws = wp + s * STEP * 2 * TILE;
-        _tile_loadd(2, xr + s * STEP, K2 * 4);
-        _tile_loadd(3, ws, 2 * TILE * 2);
-        _tile_loadd(4, ws + TILE, 2 * TILE * 2);
-        _tile_dpbf16ps(0, 2, 3);
-        _tile_dpbf16ps(1, 2, 4);
-      }
-      if (tail) {
-        if (pf != nullptr) prefetch_pairs(pf, std::max(pf_lo, steps * STEP), pf_hi);
-        const uint16_t* ws = wp + steps * STEP * 2 * TILE;
-        _tile_loadd(5, xr + steps * STEP, K2 * 4);
-        _tile_loadd(6, ws, 2 * TILE * 2);
-        _tile_loadd(7, ws + TILE, 2 * TILE * 2);
-        _tile_dpbf16ps(0, 5, 6);
-        _tile_dpbf16ps(1, 5, 7);
+        if (s < steps)
+          AMX_STEP(2, 3, 4, s);
+        else
+          AMX_STEP(5, 6, 7, s);  // the last `tail` pairs, on tiles shaped for them
       }
       _tile_stored(0, &acc[0][0], TILE * 4);
       _tile_stored(1, &acc[0][16], TILE * 4);
