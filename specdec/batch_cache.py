@@ -15,8 +15,11 @@ preallocated cache, `specdec.models.static_cache`: all rows of all layers in one
 scatter, and a trim that only sets its length; a DynamicCache: two copies per layer and a slice). This is
 the only KV commit there is: a single sequence is a batch of one (its own cache, lent without a copy). The
 shapes and the unmasked values are exactly those that stacking afresh would give, so outputs are
-bitwise the same. When the batch changes, or a sequence is stepped alone, the rows go back to the
-sequences (`release`) and the next batch is stacked anew.
+bitwise the same. When the batch changes, a static store's rows stay where they are
+(`specdec.kv_rows.RowStore`): the step is arranged so that sequences keep their rows, sequences that
+join are copied in, sequences waiting a step are parked in spare rows, and only a sequence that leaves
+for good unfinished, or that has no room left, gets its own cache back (`release` gives every one back).
+A DynamicCache, or fixed-width graphs (which read a cache's whole capacity), restack at each change.
 """
 from __future__ import annotations
 
@@ -24,33 +27,66 @@ import torch
 from transformers import DynamicCache
 
 from specdec.core import kv
+from specdec.kv_rows import RowStore
 from specdec.models.static_cache import StaticKVCache
 
 
 class BatchCache:
     def __init__(self, runner):
         self.runner = runner
-        self.seqs: list = []  # the sequences whose caches are lent here, in row order
+        self.seqs: list = []  # the sequences stepped last, in row order
         self.cache: DynamicCache | StaticKVCache | None = None
         self.lens: list[int] = []
         self.capacities: list[int] = []  # each sequence's own cache capacity (static caches), for release
+        self.own = False  # self.cache is seqs[0]'s own cache (a batch of one, lent without a copy)
+        self.rows: RowStore | None = None  # a static store whose rows sequences keep across batches
+
+    def arrange(self, seqs: list) -> list[int]:
+        """The order to step seqs in (order[k]: the index in seqs of row k) so that sequences whose rows
+        are kept here stay where they are."""
+        self._keep_rows()
+        if self.rows is None:
+            return list(range(len(seqs)))
+        return self.rows.order(seqs)
 
     def take(self, seqs: list) -> tuple[DynamicCache | StaticKVCache, list[int]]:
         """The stacked cache of seqs (in this order) and their lengths, reusing the last batch's if the same."""
         if len(seqs) == len(self.seqs) and all(a is b for a, b in zip(seqs, self.seqs)):
             return self.cache, self.lens
-        self.release()
         for seq in seqs:
-            if seq.cache_lender is not None:  # lent to another pool: take it back first
+            if seq.cache_lender is not None and seq.cache_lender is not self:  # lent to another pool
                 seq.cache_lender.release()
-        self.lens = [kv.num_cached(s.cache) for s in seqs]
-        self.capacities = [getattr(s.cache, "capacity", 0) for s in seqs]
-        # a batch of one is its sequence's own cache, no copy
-        self.cache = seqs[0].cache if len(seqs) == 1 else stack_caches(self.runner, [s.cache for s in seqs], self.lens)
+        self._keep_rows()
+        if self.rows is not None:
+            self.cache, self.lens = self.rows.place(self.runner, seqs, self._give_back)
+        else:
+            self.release()
+            self.lens = [kv.num_cached(s.cache) for s in seqs]
+            self.capacities = [getattr(s.cache, "capacity", 0) for s in seqs]
+            # a batch of one is its sequence's own cache, no copy
+            self.own = len(seqs) == 1
+            self.cache = seqs[0].cache if self.own else stack_caches(self.runner, [s.cache for s in seqs], self.lens)
         self.seqs = list(seqs)
         for seq in seqs:
             seq.cache, seq.cache_lender = None, self
         return self.cache, self.lens
+
+    def _keep_rows(self) -> None:
+        """Keep the stacked static store's rows from now on (the forward has allocated it), unless
+        forwards read a cache's whole capacity (fixed-width graphs want zeros everywhere: they restack)."""
+        if self.own or not isinstance(self.cache, StaticKVCache) or self.cache.store is None \
+                or _reads_whole_capacity(self.runner):
+            return
+        capacities = self.capacities
+        if self.rows is not None:
+            if self.rows.backs(self.cache):
+                return
+            # a forward outgrew the store: the batch's rows went to a store of their own; the parked go home
+            capacities = self.rows.capacities[:len(self.seqs)]
+            for r in self.rows.live_rows():
+                if r >= len(self.seqs):
+                    self._give_back(r)
+        self.rows = RowStore.adopt(self.cache.store, self.seqs, self.lens, capacities, self.cache.length)
 
     @torch.inference_mode()
     def commit(self, keep_new: list[list[int]]) -> None:
@@ -71,6 +107,9 @@ class BatchCache:
                     src = sources[i].to(layer.keys.device)
                     layer.keys[i, :, self.lens[i]:new_lens[i]] = layer.keys[i].index_select(1, src)
                     layer.values[i, :, self.lens[i]:new_lens[i]] = layer.values[i].index_select(1, src)
+        if self.rows is not None and self.rows.backs(self.cache):
+            self.rows.written(len(self.seqs), self.cache.length)  # the forward wrote [L, L + N) of every row
+            self.rows.lens[:len(new_lens)] = new_lens
         kv.trim(self.cache, max(new_lens))
         self.lens = new_lens
 
@@ -81,14 +120,39 @@ class BatchCache:
         if self.cache is not None:
             kv.trim(self.cache, max(self.lens))
 
+    def settle(self) -> None:
+        """After a step: if no unfinished sequence is left here, free the store."""
+        if self.rows is not None:
+            live = self.rows.live_rows()
+        else:
+            live = [i for i, seq in enumerate(self.seqs) if seq.finish_reason is None]
+        if not live:
+            self.release()
+
     def release(self) -> None:
-        """Give every unfinished sequence its own cache back (rows [0, lens[i]) of the stack)."""
-        for i, seq in enumerate(self.seqs):
-            seq.cache_lender = None
-            if seq.finish_reason is None:
-                seq.cache = (self.cache if len(self.seqs) == 1 else
-                             select_row(self.runner, self.cache, i, self.lens[i], self.capacities[i]))
-        self.seqs, self.cache, self.lens, self.capacities = [], None, [], []
+        """Give every unfinished sequence its own cache back (its row's first `lens` entries)."""
+        if self.rows is not None and not self.rows.backs(self.cache):
+            self._keep_rows()  # the batch's rows first, from the store a forward outgrew into
+        if self.rows is not None:
+            for r in self.rows.live_rows():
+                self._give_back(r)
+            for r, seq in enumerate(self.rows.seqs):
+                if seq is not None:
+                    seq.cache_lender = None
+        else:
+            for i, seq in enumerate(self.seqs):
+                seq.cache_lender = None
+                if seq.finish_reason is None:
+                    seq.cache = (self.cache if self.own else
+                                 select_row(self.runner, self.cache, i, self.lens[i], self.capacities[i]))
+        self.seqs, self.cache, self.lens, self.capacities, self.own, self.rows = [], None, [], [], False, None
+
+    def _give_back(self, row: int) -> None:
+        """The sequence in the kept store's `row` gets its own cache again."""
+        rows = self.rows
+        seq = rows.seqs[row]
+        seq.cache = row_cache(self.runner, rows.store, row, rows.lens[row], rows.capacities[row])
+        seq.cache_lender = None
 
 
 def _move_static(cache: StaticKVCache, rows: list[int], lens: list[int], keep: list[list[int]], start: int) -> None:
@@ -138,17 +202,24 @@ def stack_caches(runner, caches: list, lens: list[int]):
 def select_row(runner, cache, row: int, length: int, capacity: int = 0):
     """Row `row`'s first `length` entries as a cache of its own (a static one of `capacity` entries)."""
     if isinstance(cache, StaticKVCache):
-        out = runner.new_cache(max(capacity, length))
-        if cache.store is not None:
-            shape = (*cache.store.shape[:2], 1, cache.store.shape[3], out.capacity, cache.store.shape[5])
-            store = cache.store.new_zeros(shape) if _reads_whole_capacity(runner) else cache.store.new_empty(shape)
-            store[:, :, 0, :, :length] = cache.store[:, :, row, :, :length]
-            out.adopt(store, length)
-        return out
+        if cache.store is None:
+            return runner.new_cache(max(capacity, length))
+        return row_cache(runner, cache.store, row, length, capacity)
     out = runner.new_cache()
     for layer_idx, layer in enumerate(cache.layers):
         out.update(layer.keys[row:row + 1, :, :length].clone(), layer.values[row:row + 1, :, :length].clone(),
                    layer_idx)
+    return out
+
+
+def row_cache(runner, store: torch.Tensor, row: int, length: int, capacity: int = 0) -> StaticKVCache:
+    """Row `row` of store [layers, 2, B, kv_heads, capacity, head_dim], its first `length` entries, as a
+    static cache of its own."""
+    out = runner.new_cache(max(capacity, length))
+    shape = (*store.shape[:2], 1, store.shape[3], out.capacity, store.shape[5])
+    own = store.new_zeros(shape) if _reads_whole_capacity(runner) else store.new_empty(shape)
+    own[:, :, 0, :, :length] = store[:, :, row, :, :length]
+    out.adopt(own, length)
     return out
 
 

@@ -55,6 +55,13 @@ def verify_step(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree
     cache and generator rolled back) or returns one result per sequence. fault(seqs): a test hook
     called after the forward and the verdicts, just before the commit (the last point rolled back).
     times: filled with the step's clock readings (tracing)."""
+    order = pool.arrange(seqs)  # row k steps seqs[order[k]]: sequences stay in the cache rows they hold
+    if order != list(range(len(seqs))):
+        results = verify_step(runner, [seqs[j] for j in order], [trees[j] for j in order], pool, fault, times)
+        unordered: list = [None] * len(seqs)
+        for k, j in enumerate(order):
+            unordered[j] = results[k]
+        return unordered
     start = time.perf_counter()
     if times is not None:
         times.start = time.monotonic()
@@ -91,7 +98,7 @@ def verify_step(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree
             seq.finish_reason = "error"
             results.append(StepFailure(f"commit failed: {type(exc).__name__}: {exc}"))
     if all(seq.finish_reason is not None for seq in seqs):
-        pool.release()
+        pool.settle()  # frees the kept cache once no unfinished sequence is left in it
     return results
 
 

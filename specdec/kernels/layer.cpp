@@ -96,6 +96,13 @@ class LeanStack {
       layers_.push_back({weights[i], weights[i + 1], weights[i + 2], weights[i + 3], weights[i + 4], weights[i + 5]});
   }
 
+  // A store's rows [B, kv_heads, capacity, d] laid out densely within each layer's keys and values (the
+  // layers and keys / values may sit further apart: a batch's rows are a view of a store with more rows).
+  static bool inner_dense(const torch::Tensor& store) {
+    return store.stride(5) == 1 && store.stride(4) == store.size(5) && store.stride(3) == store.size(4) * store.size(5) &&
+           store.stride(2) == store.size(3) * store.stride(3);
+  }
+
   // hidden [B, n, H] (the embeddings); store [layers, 2, B, kv_heads, capacity, d]; the new entries go to
   // columns [start, start + n); cos / sin [B, n, d]; mask: float32 additive [B|1, 1, n, start + n] or None
   // (causal). Returns [final-normed hidden [B, n, H], the hidden states after each layer in `keep`
@@ -104,7 +111,7 @@ class LeanStack {
                                      torch::Tensor sin, c10::optional<torch::Tensor> mask, std::vector<int64_t> keep,
                                      int64_t threads) {
     TORCH_CHECK(hidden.dim() == 3 && hidden.is_contiguous() && cos.is_contiguous() && sin.is_contiguous() &&
-                    store.is_contiguous() && store.dim() == 6 && store.size(0) == (int64_t)layers_.size() &&
+                    store.dim() == 6 && inner_dense(store) && store.size(0) == (int64_t)layers_.size() &&
                     store.size(2) == hidden.size(0) && start + hidden.size(1) <= store.size(4) &&
                     store.scalar_type() == hidden.scalar_type() && cos.scalar_type() == hidden.scalar_type(),
                 "LeanStack.forward: hidden [B, n, H], store [layers, 2, B, kv_heads, capacity, d] with room");
