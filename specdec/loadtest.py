@@ -14,17 +14,9 @@ import time
 from dataclasses import asdict, dataclass
 
 from specdec.core.types import SamplingParams
+from specdec.loadtest_prompts import REPEATED, prompt_for
 
-PROMPTS = (
-    'Repeat exactly: {"user": "ada", "roles": ["admin", "dev"], "active": true}',
-    "Write a Python function that checks whether a string is a palindrome.",
-    "Give three tips for writing clear emails.",
-    "Rewrite in the passive voice: The committee approved the new budget on Monday.",
-    "List the planets of the solar system in order from the sun.",
-    "Explain what a hash table is in two sentences.",
-    "Translate to French: The weather is nice today and we are going to the park.",
-    "Summarise: Speculative decoding lets a small model draft tokens that a large model verifies in one pass.",
-)
+PROMPTS = REPEATED  # the eight fixed prompts (`--prompts repeated`); by default every request is its own
 
 
 @dataclass(frozen=True)
@@ -86,11 +78,12 @@ def _grpc_stream(address: str, timeout_s: float, client_options: dict):
 
 
 def run_level(address: str | None, concurrency: int, num_requests: int, params: SamplingParams,
-              timeout_s: float = 600.0, http_url: str | None = None, client_options: dict | None = None
-              ) -> LevelResult:
+              timeout_s: float = 600.0, http_url: str | None = None, client_options: dict | None = None,
+              first_index: int = 0, repeated: bool = False) -> LevelResult:
     """Requests go over gRPC to `address`, or with `http_url` over the OpenAI-compatible HTTP API (then
     `address`, if given, is only asked for the server's batch figures). client_options: the credentials
-    (specdec.client.client_options), for both."""
+    (specdec.client.client_options), for both. Request i sends prompt_for(first_index + i, repeated):
+    distinct prompts, unless `repeated` (the eight fixed ones, over and over)."""
     from specdec.loadtest_http import http_stream
 
     options = client_options or {}
@@ -113,7 +106,7 @@ def run_level(address: str | None, concurrency: int, num_requests: int, params: 
                 start = time.perf_counter()
                 first, n, stats = None, 0, None
                 try:
-                    for num_tokens, final_stats in stream(PROMPTS[index % len(PROMPTS)], params):
+                    for num_tokens, final_stats in stream(prompt_for(first_index + index, repeated), params):
                         if first is None and num_tokens:
                             first = time.perf_counter()
                         n += num_tokens

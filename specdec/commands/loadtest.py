@@ -24,6 +24,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--concurrency", default="1,2,4,8,16", help="comma-separated levels")
     p.add_argument("--requests", type=int, default=16, help="requests per level")
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--prompts", choices=("distinct", "repeated"), default="distinct",
+                   help="distinct: no request of a run asks what another asked (eight kinds of chat request, their "
+                        "slots varied); repeated: the eight fixed prompts over and over, where a drafter that "
+                        "remembers earlier answers (suffix, hybrid) drafts them whole")
     p.add_argument("--drafter", default=DEFAULT_DRAFTER, metavar="{%s}[,...]" % ",".join(DRAFTERS),
                    help="drafter of the local stack; with --compare a comma-separated list: one speculative stack "
                         "per drafter, all alternating with the no-speculation one")
@@ -84,13 +88,16 @@ def run(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stacks:  # every stack up at once: levels alternate between them
         targets = [stacks.enter_context(_stack(args, drafter)) for _, drafter in configs]
         runs = {label: [] for label in labels}
+        first_index = {label: 0 for label in labels}
         for c in levels:
             tries = {label: [] for label in labels}
             for r in range(args.rounds):  # rotate the order, so drift of a shared machine hits every side
                 order = list(zip(labels, targets))
                 for label, (address, http_url) in order[r % len(order):] + order[:r % len(order)]:
                     tries[label].append(run_level(address, c, args.requests, params, http_url=http_url,
-                                                  client_options=options))
+                                                  client_options=options, first_index=first_index[label],
+                                                  repeated=args.prompts == "repeated"))
+                    first_index[label] += args.requests  # every stack gets the same prompts, none twice
             for label in labels:
                 result = median_run(tries[label])
                 runs[label].append(result)

@@ -127,3 +127,44 @@ def test_median_run_is_one_whole_run():
 
     runs = [LevelResult(1, 4, 0, tps, 0.1, 0.2, 0.01, 0.02, 0.5, 1.5, 1.0) for tps in (30.0, 10.0, 20.0, 40.0)]
     assert median_run(runs) is runs[2] and median_run(runs[:1]) is runs[0]
+
+
+def test_distinct_prompts_never_repeat_and_repeated_ones_cycle():
+    from specdec.loadtest_prompts import MOST_DISTINCT, REPEATED, prompt_for
+
+    distinct = [prompt_for(i, repeated=False) for i in range(MOST_DISTINCT)]
+    assert len(set(distinct)) == MOST_DISTINCT
+    assert {p.split(": ")[0] for p in distinct[:8]} >= {"Repeat exactly", "Summarise"}  # the eight kinds
+    assert [prompt_for(i, repeated=True) for i in range(10)] == [*REPEATED, *REPEATED[:2]]
+
+
+def test_a_level_sends_its_own_slice_of_the_prompts(monkeypatch):
+    """Each run of a level asks the prompts from first_index on, so rounds and levels never resend one."""
+    from specdec import loadtest as lt
+    from specdec.core.types import SamplingParams
+    from specdec.loadtest_prompts import prompt_for
+
+    sent = []
+
+    class Stats:
+        num_draft_tokens = num_accepted_tokens = 0
+        num_target_forwards = 2
+
+    def fake_stream(address, timeout_s, options):
+        def stream(prompt, params):
+            sent.append(prompt)
+            yield 1, None
+            yield 1, Stats()
+        class Session:
+            def close(self):
+                pass
+        return Session(), stream
+
+    monkeypatch.setattr(lt, "_grpc_stream", fake_stream)
+    monkeypatch.setattr(lt, "_batch_counts", lambda address, options: None)
+    level = lt.run_level("127.0.0.1:1", 2, 5, SamplingParams(max_new_tokens=2), first_index=7)
+    assert level.num_errors == 0 and level.num_requests == 5
+    assert sorted(sent) == sorted(prompt_for(i, repeated=False) for i in range(7, 12))
+    sent.clear()
+    lt.run_level("127.0.0.1:1", 1, 3, SamplingParams(max_new_tokens=2), repeated=True)
+    assert sent == [prompt_for(i, repeated=True) for i in range(3)]
