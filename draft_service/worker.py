@@ -201,22 +201,25 @@ class DraftWorker:
                 self.release(seq_id)
 
     def _on_commit(self, seq: DraftSeq, commit: target_pb2.Commit) -> None:
+        # the version the tokens follow: the one before, or further back for a commit that catches up the
+        # steps of a zero budget (the target holds their tokens back until we may draft again)
+        base = commit.base_version if commit.HasField("base_version") else commit.version - 1
         if commit.finish_reason:
-            if commit.version == seq.version + 1:  # the last tokens too, for drafters that keep the output
+            if base == seq.version:  # the last tokens too, for drafters that keep the output
                 seq.context.extend(commit.token_ids)
             self.release(seq.seq_id)
             return
         if commit.version <= seq.version:
             return  # already known from a refusal's context
         seq.max_tokens = commit.draft_budget if commit.HasField("draft_budget") else None
-        if commit.version != seq.version + 1:  # we missed commits (joined late, a link broke): ask
+        if base != seq.version:  # we missed commits (joined late, a link broke): ask
             seq.prepared = None
             self._send(seq, DraftTree.empty())
             return
         tokens = list(commit.token_ids)
         seq.context.extend(tokens)
         seq.version = commit.version
-        verified = seq.sent is not None and seq.sent[0] == commit.version - 1 and (
+        verified = base == commit.version - 1 and seq.sent is not None and seq.sent[0] == base and (
             commit.num_drafted > 0 or seq.sent[1] == 0)  # else the target stepped without our draft
         if verified:
             depth = seq.sent[1]

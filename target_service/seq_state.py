@@ -49,6 +49,11 @@ class SeqState:
     draft_trace: dict | None = None  # trace context of the draft span behind `pending`
     owner_key: str = ""  # Release must present it (specdec.keys); "" = anyone
     draft_key: str = ""  # every draft must carry it: only the attached draft worker drafts; "" = anyone
+    # What the draft workers last heard: the version, and the budget it announced (None: no limit); the
+    # tokens of the steps since, held back while the budget stays 0 (TargetWorker._tell_drafters)
+    drafters_version: int = 0
+    drafters_budget: int | None = None
+    unsent_ids: list = field(default_factory=list)
 
 
 def check_resumed(resumed_ids: list[int], params, vocab_size: int) -> None:

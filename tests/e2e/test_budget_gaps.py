@@ -1,7 +1,8 @@
-"""Load-aware budgets over gRPC: while a sequence's budget is 0 its draft worker still gets every
-commit (draft_budget 0) and drafts nothing; when the budget comes back it drafts on the current
-version at once (no stale refusal, no resynchronisation), drafts are accepted again, and the output
-still equals plain decoding token for token. In process, so the budget can be scripted."""
+"""Load-aware budgets over gRPC: when a sequence's budget drops to 0 its draft worker is told once
+(draft_budget 0) and drafts nothing; the steps' tokens follow in one catch-up commit (base_version)
+when the budget comes back, so the worker drafts on the current version at once (no stale refusal, no
+resynchronisation), drafts are accepted again, and the output still equals plain decoding token for
+token. In process, so the budget can be scripted."""
 from __future__ import annotations
 
 import grpc
@@ -26,12 +27,14 @@ class RecordingDraftWorker(DraftWorker):
     """Notes the commits the target sent it, the drafts it sent (version, nodes) and the refusals it got."""
 
     def __init__(self, *args, **kwargs):
-        self.commits, self.sent, self.refusals = [], [], []
+        self.commits, self.sent, self.refusals, self.bases, self.contexts = [], [], [], [], []
         super().__init__(*args, **kwargs)
 
     def _on_commit(self, seq, commit):
         self.commits.append((commit.version, commit.draft_budget if commit.HasField("draft_budget") else None))
+        self.bases.append(commit.base_version if commit.HasField("base_version") else None)
         super()._on_commit(seq, commit)
+        self.contexts.append(list(seq.context))
 
     def _on_refusal(self, seq, refusal):
         self.refusals.append(refusal.kind)
@@ -85,9 +88,13 @@ def test_drafting_resumes_after_a_zero_budget(tiny_models, reference):
         assert sum(c.num_accepted for c in steps[:2]) > 0  # drafts were accepted before the gap ...
         assert sum(c.num_accepted for c in steps[6:]) > 0  # ... and are again after it
         assert any(c.HasField("draft_budget") and c.draft_budget == 0 for c in steps)
-        # the commits of versions 2-5 announced budget 0 for the steps on them: the draft worker got them,
-        # drafted nothing on those versions, and was never out of step (no stale refusal to resync from)
-        assert [(v, b) for v, b in drafts.commits if 2 <= v <= 5] == [(v, 0) for v in range(2, 6)]
+        # the commits of versions 2-5 announced budget 0 for the steps on them: the draft worker heard the
+        # first (version 2), drafted nothing on those versions, and got versions 3-6 in one catch-up commit
+        # when the budget came back, its context then exactly the target's (no stale refusal to resync from)
+        assert [(v, b) for v, b in drafts.commits if 2 <= v <= 5] == [(2, 0)]
+        (six,) = [i for i, (v, _) in enumerate(drafts.commits) if v == 6]
+        assert drafts.bases[six] == 2 and drafts.commits[six][1] is None
+        assert drafts.contexts[six] == prompt + [t for c in steps[:6] for t in c.token_ids]
         assert not [v for v, nodes in drafts.sent if 2 <= v <= 5 and nodes > 0]
         assert any(v == 6 and n > 0 for v, n in drafts.sent)  # the budget came back: drafted at once
         assert target_pb2.Refusal.STALE not in drafts.refusals

@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from specdec.rpc.v1 import common_pb2 as specdec_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/target.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\xb5\x01\n\x0c\x41\x64mitRequest\x12\x13\n\x0bsequence_id\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\x03\x12*\n\x06params\x18\x03 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x15\n\rexpect_drafts\x18\x04 \x01(\x08\x12\x11\n\towner_key\x18\x05 \x01(\t\x12\x11\n\tdraft_key\x18\x06 \x01(\t\x12\x13\n\x0bresumed_ids\x18\x07 \x03(\x03\"\xe2\x01\n\x06\x43ommit\x12\x13\n\x0bsequence_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x11\n\ttoken_ids\x18\x03 \x03(\x03\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x13\n\x0bnum_drafted\x18\x05 \x01(\r\x12\x14\n\x0cnum_accepted\x18\x06 \x01(\r\x12\x10\n\x08verify_s\x18\x07 \x01(\x01\x12\x11\n\tprefill_s\x18\x08 \x01(\x01\x12\x15\n\rfinish_reason\x18\t \x01(\t\x12\x19\n\x0c\x64raft_budget\x18\n \x01(\rH\x00\x88\x01\x01\x42\x0f\n\r_draft_budget\"6\n\x12SparseDistribution\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\r\n\x05probs\x18\x02 \x03(\x02\"]\n\tDraftTree\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\x12\x12\n\nparent_ids\x18\x02 \x03(\x05\x12)\n\x01q\x18\x03 \x03(\x0b\x32\x1e.specdec.v1.SparseDistribution\"\xe4\x01\n\x0c\x44raftMessage\x12\x13\n\x0bsequence_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12#\n\x04tree\x18\x03 \x01(\x0b\x32\x15.specdec.v1.DraftTree\x12\x41\n\rtrace_context\x18\x04 \x03(\x0b\x32*.specdec.v1.DraftMessage.TraceContextEntry\x12\x11\n\tdraft_key\x18\x05 \x01(\t\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xcf\x01\n\x07Refusal\x12&\n\x04kind\x18\x01 \x01(\x0e\x32\x18.specdec.v1.Refusal.Kind\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x17\n\x0f\x63urrent_version\x18\x03 \x01(\x04\x12\x13\n\x0b\x63ontext_ids\x18\x04 \x03(\x03\"^\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\t\n\x05STALE\x10\x01\x12\r\n\tMALFORMED\x10\x02\x12\x14\n\x10UNKNOWN_SEQUENCE\x10\x03\x12\x10\n\x0cNOT_ATTACHED\x10\x04\"{\n\rVerifyMessage\x12\x13\n\x0bsequence_id\x18\x01 \x01(\t\x12$\n\x06\x63ommit\x18\x02 \x01(\x0b\x32\x12.specdec.v1.CommitH\x00\x12&\n\x07refusal\x18\x03 \x01(\x0b\x32\x13.specdec.v1.RefusalH\x00\x42\x07\n\x05\x65vent2\x96\x02\n\x0cTargetWorker\x12\x37\n\x05\x41\x64mit\x12\x18.specdec.v1.AdmitRequest\x1a\x12.specdec.v1.Commit0\x01\x12\x42\n\x07Release\x12\x1a.specdec.v1.ReleaseRequest\x1a\x1b.specdec.v1.ReleaseResponse\x12\x41\n\x06Verify\x12\x18.specdec.v1.DraftMessage\x1a\x19.specdec.v1.VerifyMessage(\x01\x30\x01\x12\x46\n\rGetWorkerInfo\x12\x1d.specdec.v1.WorkerInfoRequest\x1a\x16.specdec.v1.WorkerInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17specdec/v1/target.proto\x12\nspecdec.v1\x1a\x17specdec/v1/common.proto\"\xb5\x01\n\x0c\x41\x64mitRequest\x12\x13\n\x0bsequence_id\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\x03\x12*\n\x06params\x18\x03 \x01(\x0b\x32\x1a.specdec.v1.SamplingParams\x12\x15\n\rexpect_drafts\x18\x04 \x01(\x08\x12\x11\n\towner_key\x18\x05 \x01(\t\x12\x11\n\tdraft_key\x18\x06 \x01(\t\x12\x13\n\x0bresumed_ids\x18\x07 \x03(\x03\"\x8e\x02\n\x06\x43ommit\x12\x13\n\x0bsequence_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x11\n\ttoken_ids\x18\x03 \x03(\x03\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x13\n\x0bnum_drafted\x18\x05 \x01(\r\x12\x14\n\x0cnum_accepted\x18\x06 \x01(\r\x12\x10\n\x08verify_s\x18\x07 \x01(\x01\x12\x11\n\tprefill_s\x18\x08 \x01(\x01\x12\x15\n\rfinish_reason\x18\t \x01(\t\x12\x19\n\x0c\x64raft_budget\x18\n \x01(\rH\x00\x88\x01\x01\x12\x19\n\x0c\x62\x61se_version\x18\x0b \x01(\x04H\x01\x88\x01\x01\x42\x0f\n\r_draft_budgetB\x0f\n\r_base_version\"6\n\x12SparseDistribution\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\r\n\x05probs\x18\x02 \x03(\x02\"]\n\tDraftTree\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\x12\x12\n\nparent_ids\x18\x02 \x03(\x05\x12)\n\x01q\x18\x03 \x03(\x0b\x32\x1e.specdec.v1.SparseDistribution\"\xe4\x01\n\x0c\x44raftMessage\x12\x13\n\x0bsequence_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12#\n\x04tree\x18\x03 \x01(\x0b\x32\x15.specdec.v1.DraftTree\x12\x41\n\rtrace_context\x18\x04 \x03(\x0b\x32*.specdec.v1.DraftMessage.TraceContextEntry\x12\x11\n\tdraft_key\x18\x05 \x01(\t\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xcf\x01\n\x07Refusal\x12&\n\x04kind\x18\x01 \x01(\x0e\x32\x18.specdec.v1.Refusal.Kind\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x17\n\x0f\x63urrent_version\x18\x03 \x01(\x04\x12\x13\n\x0b\x63ontext_ids\x18\x04 \x03(\x03\"^\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\t\n\x05STALE\x10\x01\x12\r\n\tMALFORMED\x10\x02\x12\x14\n\x10UNKNOWN_SEQUENCE\x10\x03\x12\x10\n\x0cNOT_ATTACHED\x10\x04\"{\n\rVerifyMessage\x12\x13\n\x0bsequence_id\x18\x01 \x01(\t\x12$\n\x06\x63ommit\x18\x02 \x01(\x0b\x32\x12.specdec.v1.CommitH\x00\x12&\n\x07refusal\x18\x03 \x01(\x0b\x32\x13.specdec.v1.RefusalH\x00\x42\x07\n\x05\x65vent2\x96\x02\n\x0cTargetWorker\x12\x37\n\x05\x41\x64mit\x12\x18.specdec.v1.AdmitRequest\x1a\x12.specdec.v1.Commit0\x01\x12\x42\n\x07Release\x12\x1a.specdec.v1.ReleaseRequest\x1a\x1b.specdec.v1.ReleaseResponse\x12\x41\n\x06Verify\x12\x18.specdec.v1.DraftMessage\x1a\x19.specdec.v1.VerifyMessage(\x01\x30\x01\x12\x46\n\rGetWorkerInfo\x12\x1d.specdec.v1.WorkerInfoRequest\x1a\x16.specdec.v1.WorkerInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,21 +38,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ADMITREQUEST']._serialized_start=65
   _globals['_ADMITREQUEST']._serialized_end=246
   _globals['_COMMIT']._serialized_start=249
-  _globals['_COMMIT']._serialized_end=475
-  _globals['_SPARSEDISTRIBUTION']._serialized_start=477
-  _globals['_SPARSEDISTRIBUTION']._serialized_end=531
-  _globals['_DRAFTTREE']._serialized_start=533
-  _globals['_DRAFTTREE']._serialized_end=626
-  _globals['_DRAFTMESSAGE']._serialized_start=629
-  _globals['_DRAFTMESSAGE']._serialized_end=857
-  _globals['_DRAFTMESSAGE_TRACECONTEXTENTRY']._serialized_start=806
-  _globals['_DRAFTMESSAGE_TRACECONTEXTENTRY']._serialized_end=857
-  _globals['_REFUSAL']._serialized_start=860
-  _globals['_REFUSAL']._serialized_end=1067
-  _globals['_REFUSAL_KIND']._serialized_start=973
-  _globals['_REFUSAL_KIND']._serialized_end=1067
-  _globals['_VERIFYMESSAGE']._serialized_start=1069
-  _globals['_VERIFYMESSAGE']._serialized_end=1192
-  _globals['_TARGETWORKER']._serialized_start=1195
-  _globals['_TARGETWORKER']._serialized_end=1473
+  _globals['_COMMIT']._serialized_end=519
+  _globals['_SPARSEDISTRIBUTION']._serialized_start=521
+  _globals['_SPARSEDISTRIBUTION']._serialized_end=575
+  _globals['_DRAFTTREE']._serialized_start=577
+  _globals['_DRAFTTREE']._serialized_end=670
+  _globals['_DRAFTMESSAGE']._serialized_start=673
+  _globals['_DRAFTMESSAGE']._serialized_end=901
+  _globals['_DRAFTMESSAGE_TRACECONTEXTENTRY']._serialized_start=850
+  _globals['_DRAFTMESSAGE_TRACECONTEXTENTRY']._serialized_end=901
+  _globals['_REFUSAL']._serialized_start=904
+  _globals['_REFUSAL']._serialized_end=1111
+  _globals['_REFUSAL_KIND']._serialized_start=1017
+  _globals['_REFUSAL_KIND']._serialized_end=1111
+  _globals['_VERIFYMESSAGE']._serialized_start=1113
+  _globals['_VERIFYMESSAGE']._serialized_end=1236
+  _globals['_TARGETWORKER']._serialized_start=1239
+  _globals['_TARGETWORKER']._serialized_end=1517
 # @@protoc_insertion_point(module_scope)

@@ -28,7 +28,7 @@ class AdmitRequest(_message.Message):
     def __init__(self, sequence_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., expect_drafts: _Optional[bool] = ..., owner_key: _Optional[str] = ..., draft_key: _Optional[str] = ..., resumed_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Commit(_message.Message):
-    __slots__ = ("sequence_id", "version", "token_ids", "text", "num_drafted", "num_accepted", "verify_s", "prefill_s", "finish_reason", "draft_budget")
+    __slots__ = ("sequence_id", "version", "token_ids", "text", "num_drafted", "num_accepted", "verify_s", "prefill_s", "finish_reason", "draft_budget", "base_version")
     SEQUENCE_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,7 @@ class Commit(_message.Message):
     PREFILL_S_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     DRAFT_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
     sequence_id: str
     version: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -49,7 +50,8 @@ class Commit(_message.Message):
     prefill_s: float
     finish_reason: str
     draft_budget: int
-    def __init__(self, sequence_id: _Optional[str] = ..., version: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., verify_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., finish_reason: _Optional[str] = ..., draft_budget: _Optional[int] = ...) -> None: ...
+    base_version: int
+    def __init__(self, sequence_id: _Optional[str] = ..., version: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., verify_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., finish_reason: _Optional[str] = ..., draft_budget: _Optional[int] = ..., base_version: _Optional[int] = ...) -> None: ...
 
 class SparseDistribution(_message.Message):
     __slots__ = ("token_ids", "probs")
