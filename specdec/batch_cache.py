@@ -17,8 +17,8 @@ the only KV commit there is: a single sequence is a batch of one (its own cache,
 shapes and the unmasked values are exactly those that stacking afresh would give, so outputs are
 bitwise the same. When the batch changes, a static store's rows stay where they are
 (`specdec.kv_rows.RowStore`): the step is arranged so that sequences keep their rows, sequences that
-join are copied in, sequences waiting a step are parked in spare rows, and only a sequence that leaves
-for good unfinished, or that has no room left, gets its own cache back (`release` gives every one back).
+join are copied in, sequences sitting a step out are parked in spare rows, and a sequence gets its own
+cache back only when no spare row is left for it (`release` gives every one back).
 A DynamicCache, or fixed-width graphs (which read a cache's whole capacity), restack at each change.
 """
 from __future__ import annotations

@@ -13,7 +13,8 @@ of its decode loop. Here a sequence keeps its row:
 A forward reads every column [0, L) of every row it steps, masked or not, so the columns a mask
 hides must be finite (0 * NaN is NaN); `finite` says how far that already holds, and only the gap
 past it is zeroed. A new batch costs one copy per sequence that joins, one per row moved, and one per
-sequence given back (none for a sequence that finished): not two copies of every cache.
+sequence given back (none for a sequence that finished): not two copies of every cache. A parked
+sequence its owner dropped unfinished (a cancelled request) holds its row until the row is wanted.
 """
 from __future__ import annotations
 
