@@ -83,8 +83,8 @@ def run(args: argparse.Namespace) -> int:
 
         machine = machine_info()
         print(f"local stacks on {machine['cpu']} (flags: {' '.join(machine['cpu_flags']) or 'none'}), "
-              f"{machine['num_cpus']} CPUs, torch {machine['torch_num_threads']} threads, dtype {args.dtype}, load "
-              f"{machine.get('load_average_1m')}", file=sys.stderr, flush=True)
+              f"{machine['num_cpus']} CPUs, torch {machine['torch_num_threads']} threads, dtype {args.dtype}, "
+              f"prompts {args.prompts}, load {machine.get('load_average_1m')}", file=sys.stderr, flush=True)
     with contextlib.ExitStack() as stacks:  # every stack up at once: levels alternate between them
         targets = [stacks.enter_context(_stack(args, drafter)) for _, drafter in configs]
         runs = {label: [] for label in labels}
