@@ -4,7 +4,8 @@ The target's features are computed once into the cache (--cache) and every recip
 Output dir: weights (bf16 safetensors), loss.png, recipe.json (config, command, steps, held-out
 figures) and a README.md. A run stopped by --minutes records its step count: `--steps N` repeats it.
 eagle3 reads its own cache of fused low/middle/high features (specdec.training.fused) and resumes
-from out/train_state.pt with --resume (optimizer, step, data position kept). eagle3 and medusa take a
+from out/train_state.pt with --resume (optimizer, step, data position kept). medusa and draft continue a
+checkpoint's weights on new text with --init DIR (fresh optimizer). eagle3, medusa and draft take a
 learning-rate schedule (--lr-schedule, --lr).
 """
 from __future__ import annotations
@@ -31,14 +32,15 @@ def add_parser(subparsers) -> None:
     p.add_argument("--cache", default=None, help="feature cache root (default: $SPECDEC_CACHE or ~/.cache/specdec)")
     p.add_argument("--resume", action="store_true", help="eagle3: continue from OUT/train_state.pt")
     p.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
-                   help="eagle3, medusa: constant after warm-up, or cosine decay to 5%% of the peak over this "
+                   help="eagle3, medusa, draft: constant after warm-up, or cosine decay to 5%% of the peak over this "
                         "sitting's budget (for the sitting that ends a run)")
     p.add_argument("--lr", type=float, default=None,
-                   help="eagle3, medusa: peak learning rate (default: the recipe's, 8e-4 / 1e-3); a lower one "
+                   help="eagle3, medusa, draft: peak learning rate (default: the recipe's, 8e-4 / 1e-3 / 2e-3); a lower one "
                         "suits a short sitting resumed from a run whose rate had already decayed")
     p.add_argument("--init", default=None, metavar="DIR",
-                   help="medusa: start the heads from the Medusa checkpoint DIR (e.g. the shipped heads) and train "
-                        "on with a fresh optimizer, instead of from the identity")
+                   help="medusa, draft: start from the checkpoint DIR of the same recipe (e.g. the shipped heads or "
+                        "draft model; a draft keeps DIR's reduced vocabulary) and train on with a fresh optimizer, "
+                        "instead of from the identity (medusa) or a new draft")
     p.add_argument("--cached-only", action="store_true",
                    help="eagle3: train on the shards already cached, skipping (not generating) the others")
     p.add_argument("--shards", default=None,
@@ -69,12 +71,14 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidArgument("--minutes must be > 0 and --steps >= 0")
     if (args.resume or args.cached_only) and args.recipe != "eagle3":
         raise InvalidArgument("--resume and --cached-only apply to the eagle3 recipe only")
-    if args.init is not None and args.recipe != "medusa":
-        raise InvalidArgument("--init applies to the medusa recipe only")
+    if args.init is not None and args.recipe not in ("medusa", "draft"):
+        raise InvalidArgument("--init applies to the medusa and draft recipes only")
+    if args.init is not None and not Path(args.init).is_dir():
+        raise InvalidArgument(f"--init {args.init!r}: no such directory")
     if args.bf16_features and args.recipe == "eagle3":
         raise InvalidArgument("--bf16-features: eagle3's fused shards are generated in bf16 already")
-    if (args.lr_schedule != "constant" or args.lr is not None) and args.recipe not in ("eagle3", "medusa"):
-        raise InvalidArgument("--lr-schedule and --lr apply to the eagle3 and medusa recipes only")
+    if (args.lr_schedule != "constant" or args.lr is not None) and args.recipe not in ("eagle3", "medusa", "draft"):
+        raise InvalidArgument("--lr-schedule and --lr apply to the eagle3, medusa and draft recipes only")
     if args.lr is not None and not args.lr > 0:
         raise InvalidArgument("--lr must be > 0")
     if args.max_new_tokens <= 0:
@@ -101,7 +105,10 @@ def run(args: argparse.Namespace) -> int:
             if (Path(args.init) / "recipe.json").is_file() else {}
         extra["init"] = {"dir": args.init, "command": before.get("command"),
                          "steps": before.get("result", {}).get("steps"),
-                         "num_train_tokens": before.get("num_train_tokens"), "budget": before.get("budget")}
+                         "num_train_tokens": before.get("num_train_tokens"), "budget": before.get("budget"),
+                         "feature_seeds": [shard.get("seed") for shard in before.get("feature_shards", [])],
+                         "config": before.get("config"), "result": before.get("result"),
+                         **({"init": before["init"]} if before.get("init") else {})}  # older sittings, in turn
     schedule = {"lr_schedule": args.lr_schedule, **({} if args.lr is None else {"lr": args.lr})}
     summary = train(args.recipe, fs, target, budget, out, args.seed, extra, schedule, args.init)
     write_readme(out, args.recipe, summary)
@@ -139,7 +146,7 @@ def parse_shard(text: str, max_new_tokens: int):
 def train(recipe: str, fs, target, budget, out: Path, seed: int, extra: dict, schedule: dict,
           init: str | None = None) -> dict:
     """schedule: the learning-rate fields (lr_schedule, lr) and init: the checkpoint to start from, which the
-    medusa recipe takes from the command line."""
+    medusa and draft recipes take from the command line."""
     if recipe == "medusa":
         from specdec.training.medusa import MedusaRecipe, train_medusa
 
@@ -151,7 +158,7 @@ def train(recipe: str, fs, target, budget, out: Path, seed: int, extra: dict, sc
         return train_eagle(fs, target.model, EagleRecipe(seed=seed), budget, out, extra)
     from specdec.training.draft import DraftRecipe, train_draft
 
-    return train_draft(fs, target, DraftRecipe(seed=seed), budget, out, extra)
+    return train_draft(fs, target, DraftRecipe(seed=seed, **schedule), budget, out, extra, init)
 
 
 def peak_of(sitting: dict) -> str:

@@ -6,6 +6,9 @@ features through its own LM head. The input/output embedding is tied and initial
 top principal directions of the target's embedding matrix, so every token (including those outside
 the reduced vocabulary) starts with a meaningful vector. The result is a plain Hugging Face
 checkpoint: the existing draft-model drafter loads it unchanged.
+
+A run can continue a checkpoint on new text (`init`: its weights and its reduced vocabulary, a fresh
+optimizer), with the learning rate decayed over the sitting (`lr_schedule="cosine"`).
 """
 from __future__ import annotations
 
@@ -16,8 +19,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specdec.models.runner import DRAFT_VOCAB_FILE
-from specdec.training.common import BestKeeper, Budget, prepare, save_loss_curve, write_recipe
+from specdec.errors import InvalidArgument
+from specdec.models.runner import DRAFT_VOCAB_FILE, load_vocab_ids
+from specdec.training.common import BestKeeper, Budget, learning_rate, prepare, save_loss_curve, write_recipe
 from specdec.training.eagle import sample_windows
 from specdec.training.features import FeatureSet
 
@@ -33,6 +37,11 @@ class DraftRecipe:
     window_len: int = 128
     batch_size: int = 12
     lr: float = 2e-3
+    warmup_steps: int = 1  # none: the first (shipped) draft trained at lr from its first step
+    # "constant": lr throughout (the first draft); "cosine": down to lr * min_lr_ratio over the budget (a sitting
+    # that ends a run, e.g. one continued from a checkpoint: the last gains come once the step size shrinks)
+    lr_schedule: str = "constant"
+    min_lr_ratio: float = 0.05
     temperature: float = 1.0  # of the teacher's distribution
     num_heldout_seqs: int = 12
     eval_every: int = 25  # steps between held-out checks (early stopping)
@@ -65,17 +74,42 @@ def make_draft(target_model, recipe: DraftRecipe):
     return draft
 
 
+def initial_draft(path: Path, target_model, recipe: DraftRecipe):
+    """(float32 draft, its reduced vocabulary) of the checkpoint at `path`, refused unless it has this recipe's
+    shape and the target's vocabulary. The vocabulary is kept, not chosen afresh: its head rows were trained."""
+    from transformers import AutoConfig, LlamaForCausalLM
+
+    path = Path(path)
+    if not (path / "config.json").is_file() or not (path / DRAFT_VOCAB_FILE).is_file():
+        raise InvalidArgument(f"--init {str(path)!r}: not a draft-model checkpoint (no config.json and {DRAFT_VOCAB_FILE})")
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    have = (getattr(config, "hidden_size", None), getattr(config, "num_hidden_layers", None),
+            getattr(config, "vocab_size", None))
+    want = (recipe.hidden_size, recipe.num_layers, target_model.config.vocab_size)
+    if have != want:
+        raise InvalidArgument(f"--init {str(path)!r}: hidden {have[0]}, {have[1]} layers, vocabulary {have[2]}; "
+                              f"the recipe trains hidden {want[0]}, {want[1]} layers, vocabulary {want[2]}")
+    draft = LlamaForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
+    return draft, load_vocab_ids(path)
+
+
 def train_draft(fs: FeatureSet, target, recipe: DraftRecipe, budget: Budget, out: Path,
-                extra: dict | None = None) -> dict:
-    """target: the LoadedModel (its tokenizer is saved beside the draft)."""
+                extra: dict | None = None, init: Path | None = None) -> dict:
+    """target: the LoadedModel (its tokenizer is saved beside the draft). init: a draft checkpoint to continue
+    (its weights and reduced vocabulary; fresh optimizer) instead of a new draft."""
     gen, train, heldout, vocab_ids = prepare(fs, recipe)
+    if init is not None:
+        draft, vocab_ids = initial_draft(Path(init), target.model, recipe)
+    else:
+        draft = make_draft(target.model, recipe)
+    draft = draft.float().train()
     teacher_head = target.model.get_output_embeddings().weight.detach().float()[vocab_ids]  # [V', H_target]
-    draft = make_draft(target.model, recipe).float().train()
     decoder = draft.model
     opt = torch.optim.AdamW(draft.parameters(), lr=recipe.lr, weight_decay=0.0)
     losses: list[float] = []
     held = [sample_windows(heldout, 8, recipe.window_len, gen) for _ in range(2)]  # fixed held-out windows
     keeper = BestKeeper(draft)
+    scores: list[float] = []  # held-out agreement at each check; the first is the starting weights'
 
     def heldout_agreement() -> float:
         with torch.no_grad():
@@ -87,7 +121,10 @@ def train_draft(fs: FeatureSet, target, recipe: DraftRecipe, budget: Budget, out
     bar = budget.progress("train draft")
     for step in bar:
         if step % recipe.eval_every == 0:
-            keeper.offer(heldout_agreement(), step)
+            scores.append(heldout_agreement())
+            keeper.offer(scores[-1], step)
+        for group in opt.param_groups:
+            group["lr"] = learning_rate(recipe, step, bar.fraction)
         batch = sample_windows(train, recipe.batch_size, recipe.window_len, gen)
         loss, _ = distill_loss(decoder, draft, batch, vocab_ids, train_logp)
         opt.zero_grad()
@@ -97,7 +134,12 @@ def train_draft(fs: FeatureSet, target, recipe: DraftRecipe, budget: Budget, out
         losses.append(loss.item())
         if step % 5 == 0:
             bar.show(losses[-1])
-    keeper.offer(heldout_agreement(), bar.steps)
+        if step % 100 == 0:  # a line the log keeps (the bar redraws in place)
+            print(f"step {step}: loss {losses[-1]:.4f}, lr {opt.param_groups[0]['lr']:.2e}, "
+                  f"held-out top-1 best {keeper.best_score:.4f} (step {keeper.best_step}), "
+                  f"{bar.elapsed_s / 60:.1f} min", flush=True)
+    scores.append(heldout_agreement())
+    keeper.offer(scores[-1], bar.steps)
     keeper.restore()
     draft.eval()
     out.mkdir(parents=True, exist_ok=True)
@@ -108,7 +150,10 @@ def train_draft(fs: FeatureSet, target, recipe: DraftRecipe, budget: Budget, out
     save_loss_curve(losses, out / "loss.png", "draft model: KL(target || draft), reduced vocabulary")
     summary = {"steps": bar.steps, "train_s": round(bar.elapsed_s, 1),
                "final_loss": sum(losses[-20:]) / max(len(losses[-20:]), 1),
+               "first_loss": losses[0] if losses else None,
                "best_step": keeper.best_step, "heldout_top1_agreement": round(keeper.best_score, 4),
+               # the weights it started from (a fresh draft or --init's), on the same held-out windows
+               "start_heldout_top1_agreement": round(scores[0], 4),
                "num_params": sum(p.numel() for p in draft.parameters())}
     write_recipe(out, {"recipe": "draft", "config": asdict(recipe), "budget": asdict(budget),
                        "num_train_tokens": len(train.ids), **(extra or {}), "result": summary})

@@ -66,7 +66,7 @@ def test_cosine_schedule_decays_over_the_sitting_and_warms_up_once():
     assert all(a >= b for a, b in zip(rates, rates[1:]))
 
 
-@pytest.mark.parametrize("args", [["train", "eagle", "--resume"], ["train", "draft", "--lr-schedule", "cosine"], ["train", "draft", "--cached-only"],
+@pytest.mark.parametrize("args", [["train", "eagle", "--resume"], ["train", "eagle", "--lr-schedule", "cosine"], ["train", "draft", "--cached-only"],
                                   ["train", "eagle3", "--minutes", "0"], ["train", "eagle3", "--max-new-tokens", "0"],
                                   ["train", "eagle3", "--shards", "x:y"], ["train", "eagle", "--lr", "1e-4"],
                                   ["train", "eagle3", "--lr", "0"], ["train", "medusa", "--lr", "0"],
