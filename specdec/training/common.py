@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import math
 import platform
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,24 +31,50 @@ class Budget:
 
 
 class BudgetBar:
-    """Iterates step numbers until the step or time budget ends, showing a tqdm bar."""
+    """Iterates step numbers until the step or time budget ends, showing a tqdm bar.
+
+    SIGTERM or SIGINT (Ctrl-C) ends the loop as a spent budget does, after the current step, so the recipe
+    still writes its best weights and its record: the best weights live in memory until the loop ends, and
+    a sitting killed outright lost all of them (`stopped_by` names the signal)."""
 
     def __init__(self, budget: Budget, desc: str):
         self.budget = budget
         self.bar = tqdm(total=budget.max_steps or None, desc=desc, unit="step")
         self.start = time.perf_counter()
         self.steps = 0
+        self.stopped_by: str | None = None
 
     def __iter__(self):
-        while True:
-            if self.budget.max_steps and self.steps >= self.budget.max_steps:
-                break
-            if not self.budget.max_steps and time.perf_counter() - self.start > self.budget.minutes * 60:
-                break
-            yield self.steps
-            self.steps += 1
-            self.bar.update(1)
-        self.bar.close()
+        previous = self._catch_signals()
+        try:
+            while self.stopped_by is None:
+                if self.budget.max_steps and self.steps >= self.budget.max_steps:
+                    break
+                if not self.budget.max_steps and time.perf_counter() - self.start > self.budget.minutes * 60:
+                    break
+                yield self.steps
+                self.steps += 1
+                self.bar.update(1)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            self.bar.close()
+        if self.stopped_by is not None:
+            print(f"{self.stopped_by}: stopped after {self.steps} steps; writing the best weights so far",
+                  file=sys.stderr, flush=True)
+
+    def _catch_signals(self) -> dict:
+        """Install the stop handlers (the main thread only: elsewhere Python cannot); the old ones, to restore."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def stop(signum, _frame):
+            self.stopped_by = signal.Signals(signum).name
+
+        previous = {}
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous[signum] = signal.signal(signum, stop)
+        return previous
 
     def show(self, loss: float) -> None:
         self.bar.set_postfix(loss=f"{loss:.3f}")

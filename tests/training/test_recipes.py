@@ -142,3 +142,22 @@ def test_measure_labels_another_checkpoint_of_a_drafter():
     assert parse_draft(parser, "medusa-new=medusa:runs/m") == ("medusa-new", ("medusa", "runs/m"))
     with pytest.raises(SystemExit):
         parse_draft(parser, "medusa-new=medusa")
+
+
+def test_a_signal_ends_the_training_loop_like_a_spent_budget():
+    """SIGTERM mid-sitting stops the loop after the current step (so the recipe still writes its best
+    weights) and puts the old handler back."""
+    import os
+    import signal
+
+    from specdec.training.common import Budget
+
+    before = signal.getsignal(signal.SIGTERM)
+    bar = Budget(minutes=60.0).progress("test")
+    seen = []
+    for step in bar:
+        seen.append(step)
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+    assert seen == [0, 1, 2, 3] and bar.stopped_by == "SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is before
