@@ -82,7 +82,7 @@ class BatchCache:
             if self.rows.backs(self.cache):
                 return
             # a forward outgrew the store: the batch's rows went to a store of their own; the parked go home
-            capacities = self.rows.capacities[:len(self.seqs)]
+            capacities = [self.rows.rows[k].capacity for k in range(len(self.seqs))]
             for r in self.rows.live_rows():
                 if r >= len(self.seqs):
                     self._give_back(r)
@@ -108,8 +108,7 @@ class BatchCache:
                     layer.keys[i, :, self.lens[i]:new_lens[i]] = layer.keys[i].index_select(1, src)
                     layer.values[i, :, self.lens[i]:new_lens[i]] = layer.values[i].index_select(1, src)
         if self.rows is not None and self.rows.backs(self.cache):
-            self.rows.written(len(self.seqs), self.cache.length)  # the forward wrote [L, L + N) of every row
-            self.rows.lens[:len(new_lens)] = new_lens
+            self.rows.committed(new_lens, self.cache.length)  # the forward wrote [L, L + N) of every row
         kv.trim(self.cache, max(new_lens))
         self.lens = new_lens
 
@@ -136,9 +135,9 @@ class BatchCache:
         if self.rows is not None:
             for r in self.rows.live_rows():
                 self._give_back(r)
-            for r, seq in enumerate(self.rows.seqs):
-                if seq is not None:
-                    seq.cache_lender = None
+            for row in self.rows.rows:
+                if row is not None:
+                    row.seq.cache_lender = None
         else:
             for i, seq in enumerate(self.seqs):
                 seq.cache_lender = None
@@ -149,10 +148,9 @@ class BatchCache:
 
     def _give_back(self, row: int) -> None:
         """The sequence in the kept store's `row` gets its own cache again."""
-        rows = self.rows
-        seq = rows.seqs[row]
-        seq.cache = row_cache(self.runner, rows.store, row, rows.lens[row], rows.capacities[row])
-        seq.cache_lender = None
+        kept = self.rows.rows[row]
+        kept.seq.cache = row_cache(self.runner, self.rows.store, row, kept.length, kept.capacity)
+        kept.seq.cache_lender = None
 
 
 def _move_static(cache: StaticKVCache, rows: list[int], lens: list[int], keep: list[list[int]], start: int) -> None:

@@ -31,10 +31,7 @@ def test_batched_greedy_equals_alone(tiny_target, tiny_noisy_draft, config):
 def test_kept_batch_cache_equals_stacking_afresh(tiny_target):
     """A BatchCache kept across steps (with trees, a changing batch and a lone step in between) leaves
     every sequence bitwise the same cache, tokens and versions as stacking the caches every step."""
-    import torch
-
     from specdec.batch_cache import BatchCache
-    from specdec.core import kv
     from specdec.step import verify_step
     from specdec.core.tree import DraftTree
     from specdec.sequence import Sequence
@@ -52,14 +49,7 @@ def test_kept_batch_cache_equals_stacking_afresh(tiny_target):
         a = verify_step(engine.runner, [kept[i] for i in rows], [trees[i] for i in rows], pool)
         b = verify_step(engine.runner, [afresh[i] for i in rows], [trees[i] for i in rows], BatchCache(engine.runner))
         assert [r.token_ids for r in a] == [r.token_ids for r in b]
-    pool.release()
-    for seq in afresh:
-        if seq.cache_lender is not None:
-            seq.cache_lender.release()
-    for x, y in zip(kept, afresh):
-        assert x.context == y.context and x.version == y.version and x.cache_lender is None
-        for (kx, vx), (ky, vy) in zip(kv.entries(x.cache), kv.entries(y.cache)):
-            assert torch.equal(kx, ky) and torch.equal(vx, vy)
+    assert_same_caches(pool, kept, afresh)
 
 
 def test_a_failed_step_leaves_no_trace(tiny_target):
@@ -92,10 +82,7 @@ def test_kept_rows_follow_a_changing_batch_bitwise(tiny_target):
     """Sequences keep their cache rows while the batch changes around them (parked when they sit a step
     out, copied in when they join, given back when no spare row is left, the store grown for a longer
     capacity): every step's tokens and every final cache are bitwise those of stacking afresh each step."""
-    import torch
-
     from specdec.batch_cache import BatchCache
-    from specdec.core import kv
     from specdec.core.tree import DraftTree
     from specdec.sequence import Sequence
     from specdec.step import verify_step
@@ -119,15 +106,7 @@ def test_kept_rows_follow_a_changing_batch_bitwise(tiny_target):
         if step == 2:  # 0 and 2 sat this step out in spare rows: parked, not given back
             assert kept[0].cache is None and kept[0].cache_lender is pool
             assert kept[2].cache is None and kept[2].cache_lender is pool
-    pool.release()
-    for seq in afresh:
-        if seq.cache_lender is not None:
-            seq.cache_lender.release()
-    for x, y in zip(kept, afresh):
-        assert x.context == y.context and x.version == y.version and x.cache_lender is None
-        assert kv.num_cached(x.cache) == kv.num_cached(y.cache)
-        for (kx, vx), (ky, vy) in zip(kv.entries(x.cache), kv.entries(y.cache)):
-            assert torch.equal(kx, ky) and torch.equal(vx, vy)
+    assert_same_caches(pool, kept, afresh)
 
 
 def test_kept_rows_served_greedy_equals_alone_across_joins(tiny_target):
@@ -141,3 +120,21 @@ def test_kept_rows_served_greedy_equals_alone_across_joins(tiny_target):
                                                              ignore_eos=True), max_batch=3)
     for want, got in zip(alone, batched):
         assert got[:len(want)] == want
+
+
+def assert_same_caches(pool, kept: list, afresh: list) -> None:
+    """Every sequence's own cache back (from the kept pool, and from the afresh ones' last pools): the same
+    tokens, versions and bitwise the same keys and values."""
+    import torch
+
+    from specdec.core import kv
+
+    pool.release()
+    for seq in afresh:
+        if seq.cache_lender is not None:
+            seq.cache_lender.release()
+    for x, y in zip(kept, afresh):
+        assert x.context == y.context and x.version == y.version and x.cache_lender is None
+        assert kv.num_cached(x.cache) == kv.num_cached(y.cache)
+        for (kx, vx), (ky, vy) in zip(kv.entries(x.cache), kv.entries(y.cache)):
+            assert torch.equal(kx, ky) and torch.equal(vx, vy)
