@@ -12,6 +12,14 @@ import torch
 from specdec.core.types import SamplingParams
 
 
+def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
+    """logits [..., vocab] -> the greedy token per row [...]: argmax's answer (the first maximum; a NaN
+    counts as the maximum), through max(dim).indices, which on a CPU reduces the 49,152-token vocabulary
+    in a third of argmax's time (measured: 80 vs 244 us for 8 rows, float32, 2 threads). Every greedy
+    pick of the engine goes through here, so plain and speculative decoding pick alike by construction."""
+    return logits.max(dim=-1).indices
+
+
 def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Probabilities after temperature, top-k and top-p (params.temperature > 0).
 
@@ -23,14 +31,33 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
         scores = scores.masked_fill(scores < kth, float("-inf"))
     if params.top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
-        sorted_probs = sorted_scores.softmax(dim=-1)
-        # Drop a token when the mass strictly before it already reaches top_p (the first always stays).
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        drop_sorted = mass_before >= params.top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        scores = scores.masked_fill(drop, float("-inf"))
+        scores = scores.masked_fill(~_nucleus(scores.softmax(dim=-1), params.top_p), float("-inf"))
     return scores.softmax(dim=-1)
+
+
+def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """probs [..., vocab] -> keep [..., vocab] bool: a token stays unless the mass of the more probable
+    tokens before it already reaches top_p (the most probable always stays).
+
+    Only the head of the sorted order matters, so the most probable k tokens are taken (k = 64, then
+    8x more while some row's k tokens hold less than top_p; the whole vocabulary at worst) instead of
+    sorting all 49,152: a full sort took 2.7 ms for one row and 14 ms for 8 (float32, 2 threads), more
+    than the forward. A row's answer does not depend on k nor on the other rows (a prefix of the sorted
+    order and its running sum are the same in any longer one), so verify rows and plain rows agree.
+    The masses are the row's softmax in vocabulary order; the sorted row's own softmax (the earlier
+    form) rounds its sum in another order, so on flat rows the cut can fall one token apart (3 of 108
+    random rows, none with peaked logits). Target and drafters warp through this one function, so
+    the contract (p is warp's distribution) is unchanged."""
+    vocab = probs.shape[-1]
+    k = min(vocab, 64)
+    while True:
+        top, order = torch.topk(probs, k, dim=-1)  # [..., k] most probable first
+        running = top.cumsum(dim=-1)
+        if k == vocab or bool((running[..., -1] >= top_p).all()):
+            break  # every token past the k-th has at least running[-1] >= top_p before it: dropped
+        k = min(vocab, k * 8)
+    keep_top = running - top < top_p  # [..., k]
+    return torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, keep_top)
 
 
 @runtime_checkable
@@ -45,10 +72,20 @@ class Draws(Protocol):
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | Draws | None) -> int:
-    """One draw from probs [vocab]."""
+    """One draw from probs [vocab] (non-negative, any positive sum), by the inverse of its running sum:
+    token i is drawn when a uniform u in [0, sum) falls in [cdf[i-1], cdf[i]), so with probability
+    probs[i] / sum, and a zero-probability token never (its interval is empty). One uniform and a
+    float64 running sum: 45 us over 49,152 tokens where torch.multinomial took 890 us (CPU, 2 threads),
+    which had made sampling a tenth of a decode step."""
     if isinstance(generator, Draws):
         return generator.categorical(probs)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    device = "cpu" if generator is None else generator.device
+    cdf = probs.reshape(-1).cumsum(0, dtype=torch.float64)  # [vocab]
+    u = torch.rand((), generator=generator, device=device, dtype=torch.float64).to(cdf.device) * cdf[-1]
+    token = int(torch.searchsorted(cdf, u, right=True))  # the first i with cdf[i] > u
+    if token >= cdf.numel():  # u rounded up to the sum itself: the last token that has probability
+        token = int(torch.nonzero(probs.reshape(-1))[-1])
+    return token
 
 
 def accept(p_x: float, q_x: float, generator: torch.Generator | Draws | None) -> bool:

@@ -1,7 +1,10 @@
+from collections import Counter
+
 import pytest
 import torch
 
-from specdec.core.sampling import make_generator, sample, warp
+from distribution import g_test_kl
+from specdec.core.sampling import _nucleus, greedy_ids, make_generator, sample, warp
 from specdec.core.types import MAX_TEMPERATURE, MIN_TEMPERATURE, SamplingParams
 from specdec.errors import InvalidArgument
 
@@ -59,3 +62,45 @@ def test_every_accepted_temperature_warps_to_a_distribution(temperature):
                    SamplingParams(temperature=temperature, top_k=5)):
         probs = warp(logits, params)
         assert bool(torch.isfinite(probs).all()) and torch.allclose(probs.sum(-1), torch.ones(4))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_ids_pick_as_argmax_does_through_ties_and_nans(dtype):
+    """greedy_ids must be argmax exactly: the first of tied maxima, and a NaN as the maximum."""
+    gen = torch.Generator().manual_seed(0)
+    for rows in (1, 3, 16):
+        logits = torch.randint(-2, 3, (rows, 49152), generator=gen).to(dtype)  # every row full of ties
+        logits[0, 7] = float("nan")
+        logits[-1, -1] = 5.0  # a lone maximum at the very end
+        assert torch.equal(greedy_ids(logits), logits.argmax(dim=-1))
+        assert greedy_ids(logits)[0] == 7
+
+
+def test_nucleus_keeps_what_a_full_sort_keeps_row_by_row():
+    """The top-p cut from the most probable k tokens (k grown until the mass is reached) equals the cut
+    from sorting every probability, for peaked rows (k = 64 suffices) and flat ones (k grows to the whole
+    vocabulary), and a row's cut does not depend on the rows beside it."""
+    gen = torch.Generator().manual_seed(1)
+    scales = torch.tensor([0.3, 3.0, 10.0, 1.0])[:, None]  # flat, middling, peaked, flat
+    probs = (torch.randn(4, 49152, generator=gen) * scales).softmax(dim=-1)
+    for top_p in (0.5, 0.9, 0.99):
+        ordered, order = torch.sort(probs, dim=-1, descending=True)
+        keep_sorted = ordered.cumsum(dim=-1) - ordered < top_p
+        expected = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+        together = _nucleus(probs, top_p)
+        assert torch.equal(together, expected)
+        for row in range(4):
+            assert torch.equal(_nucleus(probs[row:row + 1], top_p), together[row:row + 1])
+        assert together.sum(-1).min() >= 1
+
+
+def test_sample_follows_its_distribution_and_never_draws_a_zero():
+    """The inverse-running-sum draw: G-test against the distribution (unnormalised, with zeros at both
+    ends and inside), and the zero-probability tokens are never drawn."""
+    weights = torch.tensor([0.0, 3.0, 0.0, 1.0, 0.5, 0.0, 2.5, 0.0])  # sums to 7, not 1
+    generator = make_generator(3)
+    draws = [sample(weights, generator) for _ in range(20000)]
+    assert {t for t in draws if weights[t] == 0} == set()
+    exact = {(t,): float(w / weights.sum()) for t, w in enumerate(weights) if w > 0}
+    kl, tolerance = g_test_kl(Counter((t,) for t in draws), exact, len(draws))
+    assert kl <= tolerance
