@@ -26,7 +26,11 @@ HELD_OUT_SEED = 999  # training shards use seeds 10-59: these prompts were never
 def prompts_of(which: str) -> list[str]:
     if which == "train":
         return chat_prompts(seed=HELD_OUT_SEED, num_prompts=12)
-    if which == "loadtest":  # `specdec loadtest`'s eight prompts, in process (no router, no gRPC)
+    if which == "distinct":  # the load test's default: sixteen requests, none asking what another asked
+        from specdec.loadtest_prompts import distinct_prompt
+
+        return [distinct_prompt(i) for i in range(16)]
+    if which == "loadtest":  # `specdec loadtest`'s eight repeated prompts, in process (no router, no gRPC)
         from specdec.loadtest import PROMPTS
 
         return list(PROMPTS)
@@ -43,7 +47,7 @@ def engine_of(spec: str) -> tuple[str, Engine]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--prompts", choices=("spec", "train", "loadtest"), default="spec")
+    p.add_argument("--prompts", choices=("spec", "train", "loadtest", "distinct"), default="spec")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("engines", nargs="+", metavar="NAME=DRAFTER[,OPTION:JSON...]")

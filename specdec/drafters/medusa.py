@@ -20,7 +20,8 @@ from safetensors.torch import load_file, save_file
 from specdec.core.tree import DraftTree, paths_to_parents
 from specdec.core.types import SamplingParams
 from specdec.errors import InvalidArgument, ModelNotFound
-from specdec.kernels.linear import install_with_rows
+from specdec.kernels.linear import PackedLinear, install_with_rows
+from specdec.kernels.packing import TILE
 
 WEIGHTS = "medusa.safetensors"
 CONFIG = "medusa_config.json"
@@ -100,26 +101,30 @@ class MedusaSession:
         if max_tokens <= 0 or hidden is None:
             return DraftTree.empty()
         d = self.drafter
-        paths = _best_paths(d.paths, max_tokens, len(d.paths) if max_nodes is None else max_nodes)
-        if not paths:
+        shape = d.tree_shape(max_tokens, max_nodes)
+        if shape is None:
             return DraftTree.empty()
-        parents, ranks = paths_to_parents(paths)
-        ordered = sorted(paths, key=lambda p: (len(p), p))  # paths_to_parents' node order
-        feats = d.heads(hidden.to(d.head_weight.dtype).unsqueeze(0))[0]  # [K, H]
-        logits = d.lm_rows(feats)  # [K, V']
-        top = torch.topk(logits, d.max_rank + 1, dim=-1).indices  # [K, R]
-        candidates = d.vocab_ids[top].tolist()  # [K][R] target token ids
-        tokens = tuple(candidates[len(p) - 1][r] for p, r in zip(ordered, ranks))
+        logits = d.lm_rows(d.features(hidden, shape.num_heads))  # [heads used, V']
+        top = torch.topk(logits, d.max_rank + 1, dim=-1).indices  # [heads used, R]
+        candidates = d.vocab_ids[top].flatten().tolist()  # [heads used * R] target token ids
+        tokens = tuple(candidates[i] for i in shape.picks)
         if not with_scores:
-            return DraftTree(tokens, parents, None)
-        probs = torch.softmax(logits.float(), dim=-1).gather(1, top).tolist()  # [K][R]
+            return DraftTree(tokens, shape.parents, None)
+        probs = torch.softmax(logits.float(), dim=-1).gather(1, top).flatten().tolist()  # [heads used * R]
         scores = []
-        for path in ordered:
-            score = 1.0
-            for head, rank in enumerate(path):
-                score *= probs[head][rank]
+        for node, parent in enumerate(shape.parents):  # a path's product: its parent's times its own pick
+            score = probs[shape.picks[node]] * (scores[parent] if parent >= 0 else 1.0)
             scores.append(min(1.0, max(0.0, score)))
-        return DraftTree(tokens, parents, None, tuple(scores))
+        return DraftTree(tokens, shape.parents, None, tuple(scores))
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """A draft's static tree for one (depth, node budget): the same every step, so worked out once.
+    picks[node]: its candidate's index in the flattened [head, rank] top-k (head = its depth - 1)."""
+    parents: tuple[int, ...]
+    picks: tuple[int, ...]
+    num_heads: int  # heads the tree reaches: the deeper ones need not run
 
 
 def _best_paths(paths: list[tuple[int, ...]], max_depth: int, max_nodes: int) -> list[tuple[int, ...]]:
@@ -146,10 +151,43 @@ class MedusaDrafter:
         self.paths = list(config.tree_paths[:num_nodes] if num_nodes > 0 else config.tree_paths)
         self.max_rank = max(max(p) for p in self.paths)
         self.lm_rows = lambda x: x @ self.head_weight.T  # [.., H] -> [.., V'] (use_kernels may repack it)
+        self.fused: PackedLinear | None = None  # the heads' blocks as one product (use_kernels)
+        self._shapes: dict[tuple[int, int | None], TreeShape | None] = {}
 
     def use_kernels(self, mode: str) -> None:
-        """The heads and the reduced LM head on the kernel `mode` resolves to, as the target's."""
+        """The heads and the reduced LM head on the kernel `mode` resolves to, as the target's; on
+        specdec's kernel the K blocks also become one packed [K*H, H] product: a draft step was K
+        kernel calls and ~3K tensor ops, where one call streams the same weights."""
+        blocks = self.heads.blocks
+        weight = torch.cat([b.weight for b in blocks])  # [K*H, H], read before install packs them
+        bias = torch.cat([b.bias for b in blocks])
         self.lm_rows = install_with_rows(self.heads, self.head_weight, mode)
+        self.fused = PackedLinear(weight, bias) if isinstance(blocks[0], PackedLinear) else None
+
+    def features(self, hidden: torch.Tensor, num_heads: int) -> torch.Tensor:
+        """hidden [H] -> the first num_heads heads' features [num_heads, H]: h + SiLU(W_i h + b_i) each,
+        the same values MedusaHeads.forward gives (per-output products, then the same two ops)."""
+        hidden = hidden.to(self.head_weight.dtype)
+        size = hidden.shape[-1]
+        if self.fused is None or (num_heads < len(self.heads.blocks) and size % TILE):
+            return self.heads(hidden.unsqueeze(0))[0, :num_heads]
+        y = self.fused(hidden.unsqueeze(0), num_out=num_heads * size).view(num_heads, size)
+        return hidden + torch.nn.functional.silu(y)
+
+    def tree_shape(self, max_depth: int, max_nodes: int | None) -> TreeShape | None:
+        """The static tree cut to max_depth and max_nodes (None: all paths), or None when nothing is left."""
+        key = (max_depth, max_nodes)
+        if key not in self._shapes:
+            paths = _best_paths(self.paths, max_depth, len(self.paths) if max_nodes is None else max_nodes)
+            if not paths:
+                self._shapes[key] = None
+            else:
+                parents, ranks = paths_to_parents(paths)
+                ordered = sorted(paths, key=lambda p: (len(p), p))  # paths_to_parents' node order
+                width = self.max_rank + 1
+                picks = tuple((len(p) - 1) * width + r for p, r in zip(ordered, ranks))
+                self._shapes[key] = TreeShape(parents, picks, max(len(p) for p in paths))
+        return self._shapes[key]
 
     @classmethod
     def load(cls, path: Path, runner, num_nodes: int = 0) -> MedusaDrafter:

@@ -20,7 +20,7 @@ import torch
 
 from specdec.core.types import check_linear_kernel
 from specdec.kernels.build import load_kernel
-from specdec.kernels.packing import pack, unpack
+from specdec.kernels.packing import TILE, pack, unpack
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +67,20 @@ class PackedLinear(torch.nn.Module):
         """The unpacked [out, in] weight, for code that reads it (built on each access: not for hot paths)."""
         return unpack(self.packed, self.out_features, self.in_features)
 
-    def forward(self, x: torch.Tensor, out_fp32: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, out_fp32: bool = False, num_out: int | None = None) -> torch.Tensor:
+        """num_out: only the first num_out outputs, a whole number of tiles (None: all): their tiles alone
+        stream, and each output is the one the whole product gives (a tile's outputs depend on it alone)."""
+        num_out = self.out_features if num_out is None else num_out
+        if num_out != self.out_features and num_out % TILE:
+            raise ValueError(f"a prefix of a packed product is whole tiles of {TILE} outputs, not {num_out}")
         rows = x.reshape(-1, self.in_features)
         if rows.dtype != self.packed.dtype or not rows.is_contiguous():
             rows = rows.to(self.packed.dtype).contiguous()
-        y = self.kernel.rowgemm(rows, self.packed, self.out_features, -1, out_fp32)
+        packed = self.packed if num_out == self.out_features else self.packed[:num_out // TILE]
+        y = self.kernel.rowgemm(rows, packed, num_out, -1, out_fp32)
         if self.bias is not None:
-            y = y + self.bias
-        return y.view(*x.shape[:-1], self.out_features)
+            y = y + self.bias[:num_out]
+        return y.view(*x.shape[:-1], num_out)
 
     def to_linear(self) -> torch.nn.Linear:
         linear = torch.nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,

@@ -83,6 +83,39 @@ def test_proposal_is_a_valid_tree_bounded_by_depth(tiny_target, tiny_medusa_dir)
     assert 1 <= tree.num_nodes and all(p < i for i, p in enumerate(tree.parent_ids))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_heads_draft_what_the_heads_module_drafts(tiny_target, tiny_medusa_dir, dtype):
+    """The drafter runs its K blocks as one packed product (only the heads its tree reaches) and builds
+    each (depth, budget) tree shape once; tokens and scores must be those of the heads module, path by path."""
+    engine = Engine.from_pretrained(target=tiny_target, drafter="medusa", draft=str(tiny_medusa_dir), dtype=dtype)
+    drafter = engine.drafter
+    assert drafter.fused is not None  # the tiny target runs on specdec's kernels too
+
+    class Seq:
+        hidden = torch.randn(64).to(drafter.head_weight.dtype)
+
+    session = drafter.new_session()
+    session.attach(Seq())
+    feats = drafter.heads(Seq.hidden.unsqueeze(0))[0]  # [K, H]: every block on its own
+    logits = drafter.lm_rows(feats)
+    top = torch.topk(logits, drafter.max_rank + 1, dim=-1).indices
+    candidates = drafter.vocab_ids[top].tolist()
+    probs = torch.softmax(logits.float(), dim=-1).gather(1, top).tolist()
+    for depth in (1, 2, 4):
+        for budget in (None, 3):
+            tree = session.draft(depth, budget, with_scores=True)
+            kept = []  # the first `budget` paths within depth whose parent path is kept
+            for p in drafter.paths:
+                if len(p) <= depth and (len(p) == 1 or p[:-1] in kept) and len(kept) != budget:
+                    kept.append(p)
+            ordered = sorted(kept, key=lambda p: (len(p), p))
+            assert tree.token_ids == tuple(candidates[len(p) - 1][p[-1]] for p in ordered)
+            expected = [float(torch.tensor([probs[h][r] for h, r in enumerate(p)], dtype=torch.float64).prod())
+                        for p in ordered]
+            assert tree.scores == pytest.approx(expected, rel=1e-9)
+            assert tree.token_ids == session.draft(depth, budget, with_scores=False).token_ids
+
+
 def test_wrong_target_and_missing_checkpoint_are_refused(tiny_target, tiny_medusa_dir, tmp_path):
     from specdec.drafters.trained import checkpoints_dir
 
