@@ -30,14 +30,23 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     if 0 < params.top_k < vocab_size:
         kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
         scores = scores.masked_fill(scores < kth, float("-inf"))
-    if params.top_p < 1.0:
-        scores = scores.masked_fill(~_nucleus(scores.softmax(dim=-1), params.top_p), float("-inf"))
+    if params.top_p < 1.0:  # the kept head renormalised, scattered back: no pass over the vocabulary's masks
+        top, order, keep = _nucleus_head(scores.softmax(dim=-1), params.top_p)
+        kept = top * keep  # [..., k]
+        return torch.zeros_like(scores).scatter_(-1, order, kept / kept.sum(dim=-1, keepdim=True))
     return scores.softmax(dim=-1)
 
 
 def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """probs [..., vocab] -> keep [..., vocab] bool: a token stays unless the mass of the more probable
-    tokens before it already reaches top_p (the most probable always stays).
+    """probs [..., vocab] -> keep [..., vocab] bool: the tokens top-p keeps (see _nucleus_head)."""
+    _, order, keep = _nucleus_head(probs, top_p)
+    return torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, keep)
+
+
+def _nucleus_head(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """probs [..., vocab] -> (top [..., k] the k largest probabilities, order [..., k] their tokens,
+    keep [..., k] bool): a token stays unless the mass of the more probable tokens before it already
+    reaches top_p (the most probable always stays); every token outside the k is dropped.
 
     Only the head of the sorted order matters, so the most probable k tokens are taken (k = 64, then
     8x more while some row's k tokens hold less than top_p; the whole vocabulary at worst) instead of
@@ -56,8 +65,7 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
         if k == vocab or bool((running[..., -1] >= top_p).all()):
             break  # every token past the k-th has at least running[-1] >= top_p before it: dropped
         k = min(vocab, k * 8)
-    keep_top = running - top < top_p  # [..., k]
-    return torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, keep_top)
+    return top, order, running - top < top_p
 
 
 @runtime_checkable
