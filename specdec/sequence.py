@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.core.sampling import greedy_ids, make_generator, step_seed, warp
+from specdec.core.sampling import WarpedRows, greedy_ids, make_generator, step_seed
 from specdec.core.tree import DraftTree, TreeLayout
 from specdec.core.types import SamplingParams
 from specdec.core.verify import VerifyResult, verify_greedy, verify_sampling
@@ -112,7 +112,7 @@ class Sequence:
         q = tree.q
         if q is not None and q.device != logits.device:  # a draft from the wire or another device's drafter
             tree = dataclasses.replace(tree, q=q.to(logits.device, non_blocking=True))
-        return verify_sampling(tree, layout, warp(logits, self.params), self.generator)
+        return verify_sampling(tree, layout, WarpedRows(logits, self.params), self.generator)
 
     def commit_verified(self, tree: DraftTree, layout: TreeLayout, result: VerifyResult, hidden: torch.Tensor,
                         verify_s: float, features: torch.Tensor) -> StepResult:

@@ -52,7 +52,8 @@ def verify_greedy(tree: DraftTree, layout: TreeLayout, target_argmax: list[int])
 def verify_sampling(
     tree: DraftTree, layout: TreeLayout, probs: torch.Tensor, generator: torch.Generator | None
 ) -> VerifyResult:
-    """probs: [num_rows, vocab] the target's warped distribution p at each verify row."""
+    """probs: [num_rows, vocab] the target's warped distribution p at each verify row (a tensor, or
+    core.sampling.WarpedRows, which warps a row when it is first read)."""
     row, accepted = 0, []
     while True:
         p = probs[row]  # [vocab] current residual, starts as the target's p

@@ -104,3 +104,17 @@ def test_sample_follows_its_distribution_and_never_draws_a_zero():
     exact = {(t,): float(w / weights.sum()) for t, w in enumerate(weights) if w > 0}
     kl, tolerance = g_test_kl(Counter((t,) for t in draws), exact, len(draws))
     assert kl <= tolerance
+
+
+def test_a_row_warps_alone_as_among_others():
+    """WarpedRows warps rows one at a time: each must be bitwise the row of warping them all at once."""
+    from specdec.core.sampling import WarpedRows
+
+    logits = torch.randn(6, 49152, generator=torch.Generator().manual_seed(2)) * torch.tensor(
+        [0.5, 2.0, 5.0, 8.0, 1.0, 12.0])[:, None]
+    for params in (SamplingParams(temperature=0.7), SamplingParams(temperature=0.7, top_p=0.9),
+                   SamplingParams(temperature=1.0, top_k=40, top_p=0.95)):
+        together, lazy = warp(logits, params), WarpedRows(logits, params)
+        for row in (3, 0, 5, 1, 4, 2):
+            assert torch.equal(lazy[row], together[row])
+        assert torch.allclose(together.sum(-1), torch.ones(6))
