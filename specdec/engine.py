@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
-from specdec.core.types import DEFAULT_KV_CACHE, DEFAULT_LINEAR_KERNEL, GenerationOutput, GenerationStats, SamplingParams, tally_accepted
+from specdec.core.types import (DEFAULT_KV_CACHE, DEFAULT_LINEAR_KERNEL, DEFAULT_PREFIX_CACHE_MB, GenerationOutput,
+                                GenerationStats, SamplingParams, tally_accepted)
 from specdec.drafters import build_drafter
 from specdec import parallel
 from specdec.errors import InvalidArgument
@@ -81,14 +82,16 @@ class Engine:
                         *, dtype: str = "auto", num_speculative_tokens: int | None = None, adaptive: bool = True,
                         tp: int = 1, kv_cache: str = DEFAULT_KV_CACHE, device: str = "auto",
                         cuda_graphs: bool = False, linear_kernel: str = DEFAULT_LINEAR_KERNEL,
-                        **drafter_options) -> Engine:
+                        prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB, **drafter_options) -> Engine:
         """target None = the embedded SmolLM2-135M-Instruct; drafter none | ngram | draft | medusa | eagle.
         kv_cache: static (preallocated, the default) | dynamic (transformers' DynamicCache).
         device: auto (cuda when a GPU is visible, else cpu) | cpu | cuda | cuda:N; under tp each rank
         takes its own GPU. A draft model runs on the target's device.
         cuda_graphs: verify forwards as CUDA graphs for padded shapes (specdec.graphs; eager on a CPU).
-        linear_kernel: auto | specdec | torch (specdec.kernels.linear; auto = specdec's on a CPU)."""
-        runner = RunnerConfig(kv_cache=kv_cache, cuda_graphs=cuda_graphs, linear_kernel=linear_kernel)
+        linear_kernel: auto | specdec | torch (specdec.kernels.linear; auto = specdec's on a CPU).
+        prefix_cache_mb: prompt openings' keys and values kept across requests (specdec.models.prefix_cache; 0 = off)."""
+        runner = RunnerConfig(kv_cache=kv_cache, cuda_graphs=cuda_graphs, linear_kernel=linear_kernel,
+                              prefix_cache_mb=prefix_cache_mb)
         config = EngineConfig(num_speculative_tokens=num_speculative_tokens, adaptive=adaptive, runner=runner)
         torch_device, torch_dtype = placement(device, dtype, tp)  # refused here, before any weight loads
         if tp > 1:
@@ -99,7 +102,7 @@ class Engine:
                 raise InvalidArgument(f"tp={tp} needs {tp} processes in a torch.distributed group: "
                                       f"run `specdec generate --tp {tp} ...` or torchrun --nproc-per-node {tp}")
         loaded = load_model(target, torch_dtype, tp_degree=tp, device=torch_device)
-        draft_runner = dataclasses.replace(runner, cuda_graphs=False)  # a draft model steps one row at a time
+        draft_runner = dataclasses.replace(runner, cuda_graphs=False, prefix_cache_mb=0)  # one row at a time
         return cls(loaded, build_drafter(drafter, loaded, draft, drafter_options, torch_dtype, draft_runner), config)
 
     def new_policy(self, load_aware: bool = True) -> SpeculationPolicy:

@@ -78,16 +78,21 @@ class Sequence:
         """Put the next prompt (and resumed) tokens in the cache (at most max_tokens; None = the rest);
         returns how many."""
         end = self.num_opened - 1
+        start = time.perf_counter()
+        prefixes = self.runner.prefix_cache if self.feature_chunks is None else None  # EAGLE reads every position
+        if prefixes is not None and self.num_prefilled == 0 and end > 1:  # at least one token is still prefilled
+            self.num_prefilled = prefixes.restore(self.context, self.cache, most=end - 1)
         if max_tokens is not None:
             end = min(end, self.num_prefilled + max_tokens)
         if end <= self.num_prefilled:
             return 0
-        start = time.perf_counter()
         _, hidden = self.runner.forward(self.context[self.num_prefilled:end], self.cache, want_logits=False)
         self.hidden = hidden[-1].clone()  # its LM-head output predicts the root: what Medusa heads read first
         if self.feature_chunks is not None:
             self.feature_chunks.append(self.runner.features(hidden))
         num_tokens, self.num_prefilled = end - self.num_prefilled, end
+        if prefixes is not None and self.prefilled:
+            prefixes.insert(self.context[:end], self.cache)
         self.prefill_s += time.perf_counter() - start
         return num_tokens
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.config_fields import build_config
-from specdec.core.types import (DEFAULT_KV_CACHE, DEFAULT_LINEAR_KERNEL, check_device_name, check_kv_cache,
-                                check_linear_kernel)
+from specdec.core.types import (DEFAULT_KV_CACHE, DEFAULT_LINEAR_KERNEL, DEFAULT_PREFIX_CACHE_MB, check_device_name,
+                                check_kv_cache, check_linear_kernel)
 from specdec.errors import InvalidArgument
 from specdec.security_config import LOOPBACK, SecurityConfig
 
@@ -68,6 +68,9 @@ class TargetConfig:
     gpu_memory_fraction: float = 0.9
     cuda_graphs: bool = False  # verify forwards as CUDA graphs for padded shapes (eager on a CPU or under tp)
     linear_kernel: str = DEFAULT_LINEAR_KERNEL  # auto | specdec (row-invariant CPU kernel) | torch (F.linear)
+    # MiB of prompt openings' keys and values kept across requests (a shared system prompt or resent
+    # turns are prefilled once); 0 = off. Not under tp > 1 nor with a dynamic KV cache.
+    prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB
 
     def __post_init__(self) -> None:
         check_kv_cache(self.kv_cache)
@@ -77,7 +80,8 @@ class TargetConfig:
             raise InvalidArgument(f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}")
         if (self.draft_wait_s < 0 or self.drain_timeout_s < 0 or self.batch_wait_s < 0 or self.max_missed_drafts < 0 or self.max_tree_nodes < 1
                 or self.max_sequences < 1 or self.max_draft_links < 1 or self.prefill_chunk_tokens < 1
-                or self.max_batch < 1 or self.max_kv_tokens < 0 or self.tp < 1 or self.metrics_port < -1):
+                or self.max_batch < 1 or self.max_kv_tokens < 0 or self.tp < 1 or self.metrics_port < -1
+                or self.prefix_cache_mb < 0):
             raise InvalidArgument(f"invalid target config {self}")
 
 

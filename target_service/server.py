@@ -124,7 +124,7 @@ def serve(config: TargetConfig) -> int:
         torch.set_num_threads(config.num_threads)
     loaded = load_model(config.model, dtype, tp_degree=config.tp, device=device)
     runner = RunnerConfig(kv_cache=config.kv_cache, cuda_graphs=config.cuda_graphs,
-                          linear_kernel=config.linear_kernel)
+                          linear_kernel=config.linear_kernel, prefix_cache_mb=config.prefix_cache_mb)
     engine_config = EngineConfig(num_speculative_tokens=config.num_speculative_tokens, adaptive=config.adaptive,
                                  runner=runner)
     # a follower has no drafter, no gRPC, only rank 0's model calls

@@ -20,6 +20,7 @@ MAX_TEMPERATURE = 100.0
 # measurement that made static the default.
 KV_CACHES = ("static", "dynamic")
 DEFAULT_KV_CACHE = "static"
+DEFAULT_PREFIX_CACHE_MB = 128  # a target's prompt-prefix cache (specdec.models.prefix_cache): ~2,800 float32 SmolLM2 tokens
 
 
 # Which kernel runs a model's linear layers (specdec.kernels.linear): "specdec" is the project's own

@@ -12,7 +12,10 @@ import torch
 from transformers import DynamicCache
 
 from specdec.core.tree import TreeLayout, attention_bias, position_ids
+from specdec import parallel
 from specdec.core.types import DEFAULT_KV_CACHE, DEFAULT_LINEAR_KERNEL, check_kv_cache, check_linear_kernel
+from specdec.errors import InvalidArgument
+from specdec.models.prefix_cache import PrefixCache
 from specdec.models.static_cache import DEFAULT_CAPACITY, StaticKVCache
 
 
@@ -43,10 +46,15 @@ class RunnerConfig:
     # With specdec's kernels, walk a Llama-family decoder in one C++ call (specdec.kernels.lean) rather
     # than through transformers' modules; False keeps transformers' walk (same bits, slower).
     lean_forward: bool = True
+    # Keys and values of prompt openings kept across requests, up to this many MiB (specdec.prefix_cache);
+    # 0 = off. A target's sequences use it (Engine, target worker); a draft model's runner leaves it off.
+    prefix_cache_mb: int = 0
 
     def __post_init__(self) -> None:
         check_kv_cache(self.kv_cache)
         check_linear_kernel(self.linear_kernel)
+        if not isinstance(self.prefix_cache_mb, int) or self.prefix_cache_mb < 0:
+            raise InvalidArgument(f"prefix_cache_mb must be an integer >= 0, got {self.prefix_cache_mb!r}")
 
 
 class ModelRunner:
@@ -73,6 +81,10 @@ class ModelRunner:
         self.device = first.device  # every tensor a forward gets is made here (specdec.device)
         self.decoder = getattr(model, model.base_model_prefix)
         self.lean = lean.build(model, self.decoder, self.linear_kernel, self.attention_kernel, config.lean_forward)
+        # prompt openings' keys and values across requests: a static cache on one process (tensor-parallel
+        # ranks would each need the same blocks at the same moments)
+        self.prefix_cache = (PrefixCache(config.prefix_cache_mb << 20) if config.prefix_cache_mb > 0
+                             and config.kv_cache == "static" and parallel.world_size() == 1 else None)
         head = model.get_output_embeddings()
         plain_head = (isinstance(head, torch.nn.Linear) and head.bias is None
                       and not hasattr(head.weight, "device_mesh")  # a tensor-parallel (DTensor) head gathers itself

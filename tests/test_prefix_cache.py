@@ -1,0 +1,85 @@
+"""Prompt-prefix caching: restored entries are bitwise a fresh prefill's, outputs are unchanged, the
+cache stays within its bytes."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec import Engine, SamplingParams
+from specdec.models.loader import load_model
+from specdec.models.prefix_cache import PrefixCache
+from specdec.models.runner import ModelRunner, RunnerConfig
+from specdec.sequence import Sequence
+
+OPENING = list(range(3, 43))  # 40 shared tokens: two whole blocks of 16 and a part
+TAILS = ([50, 51, 52, 53, 54], [60, 61], list(range(44, 84)))
+GREEDY = SamplingParams(max_new_tokens=24, ignore_eos=True)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def runners(path: str, dtype: torch.dtype) -> tuple[ModelRunner, ModelRunner]:
+    model = load_model(path, dtype).model
+    return (ModelRunner(model, config=RunnerConfig(prefix_cache_mb=8)),
+            ModelRunner(model, config=RunnerConfig(prefix_cache_mb=0)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_restored_entries_are_a_fresh_prefills_bitwise(tiny_target, dtype, chunk):
+    cached, fresh = runners(tiny_target, dtype)
+    for tail in TAILS:
+        prompt = OPENING + tail
+        got = Sequence(cached, prompt, GREEDY, prefill=False)
+        while not got.prefilled:
+            got.prefill_chunk(chunk)
+        want = Sequence(fresh, prompt, GREEDY)
+        n = len(prompt) - 1
+        assert got.cache.length == want.cache.length == n
+        assert torch.equal(got.cache.store[..., :n, :], want.cache.store[..., :n, :])
+        assert torch.equal(got.hidden, want.hidden)
+    prefixes = cached.prefix_cache
+    assert prefixes.num_hit_tokens == 2 * 32  # the second and third prompts found the opening's two blocks
+    assert fresh.prefix_cache is None
+
+
+def test_generations_equal_with_and_without_the_cache(smol_path):
+    """SmolLM2 with its chat template (a shared system turn), plain and self-drafting (Medusa reads the
+    last prefilled position's hidden state): every output equals the uncached engine's."""
+    prompts = ["Name a colour.", "Name a fruit.", "Name a colour.", "Write a haiku about rain."]
+    for drafter in ("none", "medusa"):
+        with_cache = Engine.from_pretrained(drafter=drafter, prefix_cache_mb=16)
+        without = Engine.from_pretrained(drafter=drafter, prefix_cache_mb=0)
+        for prompt in prompts:
+            assert with_cache.generate(prompt, GREEDY, chat=True).token_ids == \
+                without.generate(prompt, GREEDY, chat=True).token_ids
+        assert with_cache.runner.prefix_cache.num_hit_tokens >= 16 * (len(prompts) - 1)
+
+
+def test_sampled_generations_draw_alike_with_and_without_the_cache(tiny_target):
+    params = SamplingParams(temperature=0.8, top_p=0.9, seed=5, max_new_tokens=20, ignore_eos=True)
+    with_cache = Engine.from_pretrained(target=tiny_target, drafter="ngram", prefix_cache_mb=4)
+    without = Engine.from_pretrained(target=tiny_target, drafter="ngram", prefix_cache_mb=0)
+    for tail in TAILS:
+        assert with_cache.generate(OPENING + tail, params).token_ids == \
+            without.generate(OPENING + tail, params).token_ids
+
+
+def test_the_cache_keeps_within_its_bytes_and_drops_unreachable_blocks(tiny_target):
+    runner = ModelRunner(load_model(tiny_target, torch.float32).model, config=RunnerConfig(prefix_cache_mb=1))
+    block_bytes = None
+    for first in range(5):  # five prompts of three blocks each, no opening shared
+        prompt = [first + 3] + list(range(20, 70))
+        Sequence(runner, prompt, GREEDY)
+        prefixes = runner.prefix_cache
+        block_bytes = block_bytes or next(iter(prefixes.blocks.values())).nbytes
+    small = PrefixCache(max_bytes=4 * block_bytes)
+    small.blocks, small.num_bytes = prefixes.blocks, prefixes.num_bytes
+    small._evict()
+    assert small.num_bytes <= 4 * block_bytes
+    for key in small.blocks:  # every kept block is reachable: the blocks before it are kept too
+        assert all(key[:end] in small.blocks for end in range(16, len(key), 16))
+
+
+def test_a_bad_budget_is_refused():
+    with pytest.raises(Exception, match="prefix_cache_mb"):
+        RunnerConfig(prefix_cache_mb=-1)
