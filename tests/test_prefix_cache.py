@@ -7,11 +7,11 @@ import torch
 
 from specdec import Engine, SamplingParams
 from specdec.models.loader import load_model
-from specdec.models.prefix_cache import PrefixCache
+from specdec.models.prefix_cache import BLOCK_TOKENS, PrefixCache
 from specdec.models.runner import ModelRunner, RunnerConfig
 from specdec.sequence import Sequence
 
-OPENING = list(range(3, 43))  # 40 shared tokens: two whole blocks of 16 and a part
+OPENING = list(range(3, 43))  # 40 shared tokens
 TAILS = ([50, 51, 52, 53, 54], [60, 61], list(range(44, 84)))
 GREEDY = SamplingParams(max_new_tokens=24, ignore_eos=True)
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -38,7 +38,8 @@ def test_restored_entries_are_a_fresh_prefills_bitwise(tiny_target, dtype, chunk
         assert torch.equal(got.cache.store[..., :n, :], want.cache.store[..., :n, :])
         assert torch.equal(got.hidden, want.hidden)
     prefixes = cached.prefix_cache
-    assert prefixes.num_hit_tokens == 2 * 32  # the second and third prompts found the opening's two blocks
+    assert prefixes.num_hit_tokens == 2 * (len(OPENING) // BLOCK_TOKENS * BLOCK_TOKENS)  # the second and third
+                                                                                       # prompts found the opening
     assert fresh.prefix_cache is None
 
 
@@ -52,7 +53,7 @@ def test_generations_equal_with_and_without_the_cache(smol_path):
         for prompt in prompts:
             assert with_cache.generate(prompt, GREEDY, chat=True).token_ids == \
                 without.generate(prompt, GREEDY, chat=True).token_ids
-        assert with_cache.runner.prefix_cache.num_hit_tokens >= 16 * (len(prompts) - 1)
+        assert with_cache.runner.prefix_cache.num_hit_tokens >= 2 * BLOCK_TOKENS * (len(prompts) - 1)
 
 
 def test_sampled_generations_draw_alike_with_and_without_the_cache(tiny_target):
@@ -67,7 +68,7 @@ def test_sampled_generations_draw_alike_with_and_without_the_cache(tiny_target):
 def test_the_cache_keeps_within_its_bytes_and_drops_unreachable_blocks(tiny_target):
     runner = ModelRunner(load_model(tiny_target, torch.float32).model, config=RunnerConfig(prefix_cache_mb=1))
     block_bytes = None
-    for first in range(5):  # five prompts of three blocks each, no opening shared
+    for first in range(5):  # five prompts of several blocks each, no opening shared
         prompt = [first + 3] + list(range(20, 70))
         Sequence(runner, prompt, GREEDY)
         prefixes = runner.prefix_cache
@@ -77,7 +78,7 @@ def test_the_cache_keeps_within_its_bytes_and_drops_unreachable_blocks(tiny_targ
     small._evict()
     assert small.num_bytes <= 4 * block_bytes
     for key in small.blocks:  # every kept block is reachable: the blocks before it are kept too
-        assert all(key[:end] in small.blocks for end in range(16, len(key), 16))
+        assert all(key[:end] in small.blocks for end in range(BLOCK_TOKENS, len(key), BLOCK_TOKENS))
 
 
 def test_a_bad_budget_is_refused():
