@@ -78,7 +78,15 @@ class TargetServicer(target_pb2_grpc.TargetWorkerServicer):
                                      device=str(engine.runner.device),
                                      kv_capacity_source=self.worker.kv_budget.source,
                                      kv_bytes_per_token=self.worker.kv_budget.bytes_per_token,
-                                     **_kv_fields(self.worker.kv_figures()))
+                                     **_kv_fields(self.worker.kv_figures()), **_prefix_fields(engine.runner.prefix_cache))
+
+
+def _prefix_fields(prefixes) -> dict:
+    """The prompt-prefix cache's figures, as WorkerInfo fields (zeros when it is off)."""
+    if prefixes is None:
+        return {}
+    return dict(prefix_cache_bytes=prefixes.num_bytes, prefix_cache_looked_up_tokens=prefixes.num_looked_up_tokens,
+                prefix_cache_hit_tokens=prefixes.num_hit_tokens)
 
 
 def _kv_fields(kv) -> dict:

@@ -187,3 +187,30 @@ def test_info_figures_are_consistent(kv_stack):
     assert after.mean_batch_size == pytest.approx(target.num_sequence_steps / target.num_verify_forwards)
     assert 1 <= after.max_batch_seen == target.max_batch_seen <= target.max_batch
     assert 0.0 <= after.queue_wait_p50_s <= after.queue_wait_p99_s
+
+
+def test_prompts_sharing_an_opening_restore_it_and_decode_unchanged(kv_stack, tiny_models):
+    """Three prompts opening with the same 40 tokens: the later two restore its blocks from the target's
+    prefix cache (GetWorkerInfo's figures move), and every output equals an uncached in-process engine's."""
+    import torch
+
+    from specdec.engine import Engine
+
+    target, router = kv_stack
+    opening = [200 + j for j in range(40)]
+    prompts = [opening + [7, 8, 9], opening + [11], opening + [12, 13]]
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    with grpc.insecure_channel(target.address) as channel:
+        stub = target_pb2_grpc.TargetWorkerStub(channel)
+        before = stub.GetWorkerInfo(common_pb2.WorkerInfoRequest(), timeout=10)
+        with Client(router.address) as client:
+            outputs = [client.generate(p, params, timeout_s=WAIT_S) for p in prompts]
+        after = stub.GetWorkerInfo(common_pb2.WorkerInfoRequest(), timeout=10)
+    # whole 8-token blocks, leaving at least one prompt token to prefill: 32 of the second's 40, 40 of the third's 41
+    assert after.prefix_cache_hit_tokens - before.prefix_cache_hit_tokens == 32 + 40
+    assert after.prefix_cache_looked_up_tokens > before.prefix_cache_looked_up_tokens
+    assert after.prefix_cache_bytes > 0
+    torch.set_num_threads(1)
+    uncached = Engine.from_pretrained(str(tiny_models["target"]), dtype="float32", prefix_cache_mb=0)
+    for prompt, out in zip(prompts, outputs):
+        assert out.token_ids == uncached.generate(prompt, params).token_ids
