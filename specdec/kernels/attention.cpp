@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -40,6 +41,8 @@ using specdec_attention_amx::amx_configure;
 using specdec_attention_amx::amx_queries;
 using specdec_attention_amx::amx_release;
 using specdec_attention_amx::amx_scores16;
+using specdec_attention_amx::amx_weigh;
+using specdec_attention_amx::PvScratch;
 #define AVX512 SPECDEC_AVX512
 
 constexpr int64_t KEY_BLOCK = 64;   // value rows weighed into every pair's accumulators while in L1
@@ -160,6 +163,18 @@ AVX512 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t s
   return most;
 }
 
+// Every pair's output: its accumulators [pairs, d] over its sum of probabilities.
+template <typename T>
+AVX512 void unit_output(const Call<T>& c, const Unit& u, const float* acc, const float* sums) {
+  for (int64_t p = 0; p < u.rows * u.heads; ++p) {
+    const int64_t i = u.row0 + p / u.heads, h = u.g * c.group + u.head0 + p % u.heads;
+    T* o = c.output() + ((u.b * c.n + i) * c.H + h) * c.d;
+    const __m512 norm = _mm512_set1_ps(sums[p] > 0.0f ? sums[p] : 1.0f);
+    for (int64_t ch = 0; ch < c.chunks; ++ch)
+      store16(o + 16 * ch, _mm512_div_ps(_mm512_loadu_ps(acc + p * c.d + 16 * ch), norm));
+  }
+}
+
 // out = sum_j p_j v_j / sum_j p_j for every pair of the unit, value rows in blocks of KEY_BLOCK.
 template <typename T>
 AVX512 void unit_weigh(const Call<T>& c, const Unit& u, Scratch& w, int64_t stride, int64_t most) {
@@ -192,13 +207,7 @@ AVX512 void unit_weigh(const Call<T>& c, const Unit& u, Scratch& w, int64_t stri
       ++p;
     }
   }
-  for (int64_t p = 0; p < pairs; ++p) {
-    const int64_t i = u.row0 + p / u.heads, h = u.g * c.group + u.head0 + p % u.heads;
-    T* o = c.output() + ((u.b * c.n + i) * c.H + h) * d;
-    const __m512 norm = _mm512_set1_ps(w.sums[p] > 0.0f ? w.sums[p] : 1.0f);
-    for (int64_t ch = 0; ch < c.chunks; ++ch)
-      store16(o + 16 * ch, _mm512_div_ps(_mm512_loadu_ps(w.acc.data() + p * d + 16 * ch), norm));
-  }
+  unit_output<T>(c, u, w.acc.data(), w.sums.data());
 }
 
 // Units [begin, end) of the call's split: a (b, g)'s units one after another, so its keys stay in L2.
@@ -206,12 +215,21 @@ template <typename T>
 void attend_items(const Call<T>& c, const Split& split, int64_t kv_heads, int64_t begin, int64_t end, bool amx) {
   const int64_t per_group = split.row_blocks * split.head_blocks, stride = c.L + 16;
   Scratch w(split.rows * split.heads, stride, c.d);
+  std::unique_ptr<PvScratch> pv(amx ? new PvScratch(split.rows * split.heads, c.L, c.d) : nullptr);
   for (int64_t item = begin; item < end; ++item) {
     const int64_t b = item / (kv_heads * per_group), g = (item / per_group) % kv_heads;
     const int64_t r = (item % per_group) / split.head_blocks, hb = item % split.head_blocks;
     const Unit u{b, g, r * split.rows, std::min(split.rows, c.n - r * split.rows), hb * split.heads,
                  std::min(split.heads, c.group - hb * split.heads)};
-    unit_weigh<T>(c, u, w, stride, unit_probs<T>(c, u, w, stride, amx));
+    const int64_t most = unit_probs<T>(c, u, w, stride, amx);
+    if constexpr (std::is_same<T, at::BFloat16>::value) {
+      if (amx) {  // p x values on tiles too (attention_amx.h), by ordinal
+        amx_weigh(c, u, *pv, w.probs.data(), stride, most, w.acc.data());
+        unit_output<T>(c, u, w.acc.data(), pv->sums.data());
+        continue;
+      }
+    }
+    unit_weigh<T>(c, u, w, stride, most);
   }
   if (amx) amx_release();
 }
