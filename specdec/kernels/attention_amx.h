@@ -134,7 +134,8 @@ SPECDEC_AMX inline void pv_pack(const float* scores, int64_t visible, __m512 top
 
 // Value rows r0 and r1 (null: zeros) of d dims into key pairs: out[32c + 2e + h] = row h's dim 16c + e,
 // the layout a right-hand tile wants (16 rows of key pairs x 16 dims per 64 bytes).
-SPECDEC_AMX inline void pv_pair_rows(const at::BFloat16* r0, const at::BFloat16* r1, int64_t d, uint16_t* out) {
+SPECDEC_AMX inline __attribute__((always_inline)) void pv_pair_rows(const at::BFloat16* r0, const at::BFloat16* r1,
+                                                                   int64_t d, uint16_t* out) {
   const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
                                       37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
   const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
@@ -144,6 +145,13 @@ SPECDEC_AMX inline void pv_pair_rows(const at::BFloat16* r0, const at::BFloat16*
     _mm512_storeu_si512(out + 2 * x, _mm512_permutex2var_epi16(a, lo, b));
     _mm512_storeu_si512(out + 2 * x + 32, _mm512_permutex2var_epi16(a, hi, b));
   }
+}
+
+// Value rows [o, o + 32), dims [16 c0, 16 (c0 + nc)), into key pairs at vb ([16, 32 nc]).
+SPECDEC_AMX inline void pv_relay(const at::BFloat16* values, int64_t v_row, int64_t o, int64_t c0, int64_t nc,
+                                 uint16_t* vb) {
+  for (int64_t e = 0; e < 32; e += 2)
+    pv_pair_rows(values + (o + e) * v_row + 16 * c0, values + (o + e + 1) * v_row + 16 * c0, 16 * nc, vb + e * 16 * nc);
 }
 
 // Tiles for the shared blocks: 0-3 outputs [pairs, 16 dims] each, 4 probabilities [pairs, 32 ordinals],
@@ -177,12 +185,7 @@ SPECDEC_AMX inline void amx_weigh(const Call<at::BFloat16>& c, const Unit& u, Pv
     _tile_zero(3);
     // This block's 32 value rows (this pass's dims, in key pairs, in L1) are re-laid one block ahead, into
     // the other half of vp: a tile load of just-stored bytes waits for the stores, the products do not.
-    const auto relay = [&](int64_t o, uint16_t* vb) {
-      for (int64_t e = 0; e < 32; e += 2)
-        pv_pair_rows(values + (o + e) * c.v_row + 16 * c0, values + (o + e + 1) * c.v_row + 16 * c0, 16 * nc,
-                     vb + e * 16 * nc);
-    };
-    if (shared > 0) relay(0, w.vp.get());
+    if (shared > 0) pv_relay(values, c.v_row, 0, c0, nc, w.vp.get());
     for (int64_t o = 0; o < shared; o += 32) {
       const uint16_t* a = w.pb.get() + o;
       int64_t a_stride = w.ostride * 2;
@@ -201,7 +204,7 @@ SPECDEC_AMX inline void amx_weigh(const Call<at::BFloat16>& c, const Unit& u, Pv
       if (nc > 1) { _tile_loadd(6, vb + 32, 64 * nc); _tile_dpbf16ps(1, 4, 6); }
       if (nc > 2) { _tile_loadd(5, vb + 64, 64 * nc); _tile_dpbf16ps(2, 4, 5); }
       if (nc > 3) { _tile_loadd(6, vb + 96, 64 * nc); _tile_dpbf16ps(3, 4, 6); }
-      if (o + 32 < shared) relay(o + 32, w.vp.get() + (o / 32 % 2 == 0 ? 2048 : 0));
+      if (o + 32 < shared) pv_relay(values, c.v_row, o + 32, c0, nc, w.vp.get() + (o / 32 % 2 == 0 ? 2048 : 0));
     }
     float* out = acc + 16 * c0;
     _tile_stored(0, out, 4 * d);
