@@ -4,10 +4,12 @@
 // Every (batch, head, query row) gets its result in a fixed order that does not depend on how many
 // other rows share the call: each key's score by one fixed sum over the head's dims (four chains, dims
 // mod 4, combined in one order), the max, exp (a lane-wise polynomial), then the keys' probabilities
-// summed and the value rows weighted in key order from key 0. Keys a mask hides get probability exactly 0 and add nothing, so a row that sees
-// the first m keys of a longer cache gets bitwise what it gets when the cache holds exactly m keys: a
-// verify forward's rows equal one-token decode steps, which is what greedy equality needs. (torch's
-// CPU flash attention blocks queries and keys by the call's shape, so its rows are not invariant.)
+// summed and the value rows weighted in key order from key 0. Keys a mask hides get probability exactly
+// 0 and add nothing, so a row that sees the first m keys of a longer cache gets bitwise what it gets when
+// the cache holds exactly m keys: a verify forward's rows equal one-token decode steps, which is what
+// greedy equality needs. (torch's CPU flash attention blocks queries and keys by the call's shape, so its
+// rows are not invariant.) bf16 with AMX scores and weighs on tiles instead (attention_amx.h), in an
+// order as fixed: by each pair's own ordinals of nonzero probabilities.
 //
 // Tiled for many rows: a work unit is a block of (query row, head) pairs of one kv group (the GQA heads
 // sharing its keys x a block of rows). A block of 16 keys is read once, transposed (keys across lanes,
@@ -21,6 +23,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -40,6 +43,8 @@ using specdec_attention_amx::amx_configure;
 using specdec_attention_amx::amx_queries;
 using specdec_attention_amx::amx_release;
 using specdec_attention_amx::amx_scores16;
+using specdec_attention_amx::amx_weigh;
+using specdec_attention_amx::PvScratch;
 #define AVX512 SPECDEC_AVX512
 
 constexpr int64_t KEY_BLOCK = 64;   // value rows weighed into every pair's accumulators while in L1
@@ -94,7 +99,7 @@ AVX512 inline void take_scores(const Call<T>& c, const Unit& u, Scratch& w, int6
 }
 
 // Every pair's unnormalized probabilities exp(q . k_j * scale + mask_j - max) into w.probs, zero from its
-// own visible count up to the unit's largest, which is returned.
+// own visible count up to the unit's largest, which is returned (AMX: the scaled scores, and the max).
 template <typename T>
 AVX512 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t stride, bool amx) {
   const int64_t pairs = u.rows * u.heads, d = c.d;
@@ -149,7 +154,8 @@ AVX512 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t s
     const int64_t visible = w.visible[p];
     float top = _mm512_reduce_max_ps(top16[p]);
     if (top == NEG_INF) top = 0.0f;  // every key hidden: a row of zeros
-    const __m512 topv = _mm512_set1_ps(top);
+    const __m512 topv = top16[p] = _mm512_set1_ps(top);
+    if (amx) continue;  // AMX: amx_weigh takes the exp as it packs the probabilities
     for (int64_t t = 0; t < visible; t += 16) {  // exp lane by lane: a key's p depends on its score alone
       const __mmask16 lanes = visible - t >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (visible - t)) - 1);
       const __m512 sc = _mm512_mask_loadu_ps(_mm512_set1_ps(NEG_INF), lanes, sp + t);
@@ -158,6 +164,15 @@ AVX512 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t s
     std::fill(sp + visible, sp + most, 0.0f);  // keys past its own: p = 0, which adds exactly nothing below
   }
   return most;
+}
+
+// Every pair's output: its accumulators [pairs, d] over its sum of probabilities.
+template <typename T>
+AVX512 void unit_output(const Call<T>& c, const Unit& u, const float* acc, const float* sums) {
+  for (int64_t p = 0; p < u.rows * u.heads; ++p) {
+    const int64_t i = u.row0 + p / u.heads, h = u.g * c.group + u.head0 + p % u.heads;
+    store_normalized(c.output() + ((u.b * c.n + i) * c.H + h) * c.d, acc + p * c.d, sums[p], c.chunks);
+  }
 }
 
 // out = sum_j p_j v_j / sum_j p_j for every pair of the unit, value rows in blocks of KEY_BLOCK.
@@ -192,13 +207,7 @@ AVX512 void unit_weigh(const Call<T>& c, const Unit& u, Scratch& w, int64_t stri
       ++p;
     }
   }
-  for (int64_t p = 0; p < pairs; ++p) {
-    const int64_t i = u.row0 + p / u.heads, h = u.g * c.group + u.head0 + p % u.heads;
-    T* o = c.output() + ((u.b * c.n + i) * c.H + h) * d;
-    const __m512 norm = _mm512_set1_ps(w.sums[p] > 0.0f ? w.sums[p] : 1.0f);
-    for (int64_t ch = 0; ch < c.chunks; ++ch)
-      store16(o + 16 * ch, _mm512_div_ps(_mm512_loadu_ps(w.acc.data() + p * d + 16 * ch), norm));
-  }
+  unit_output<T>(c, u, w.acc.data(), w.sums.data());
 }
 
 // Units [begin, end) of the call's split: a (b, g)'s units one after another, so its keys stay in L2.
@@ -206,12 +215,21 @@ template <typename T>
 void attend_items(const Call<T>& c, const Split& split, int64_t kv_heads, int64_t begin, int64_t end, bool amx) {
   const int64_t per_group = split.row_blocks * split.head_blocks, stride = c.L + 16;
   Scratch w(split.rows * split.heads, stride, c.d);
+  std::unique_ptr<PvScratch> pv(amx ? new PvScratch(split.rows * split.heads, c.L, c.d) : nullptr);
   for (int64_t item = begin; item < end; ++item) {
     const int64_t b = item / (kv_heads * per_group), g = (item / per_group) % kv_heads;
     const int64_t r = (item % per_group) / split.head_blocks, hb = item % split.head_blocks;
     const Unit u{b, g, r * split.rows, std::min(split.rows, c.n - r * split.rows), hb * split.heads,
                  std::min(split.heads, c.group - hb * split.heads)};
-    unit_weigh<T>(c, u, w, stride, unit_probs<T>(c, u, w, stride, amx));
+    const int64_t most = unit_probs<T>(c, u, w, stride, amx);
+    if constexpr (std::is_same<T, at::BFloat16>::value) {
+      if (amx) {  // p x values on tiles too (attention_amx.h), by ordinal
+        amx_weigh(c, u, *pv, w.probs.data(), stride, w.visible.data(), w.top16.data(), w.acc.data());
+        unit_output<T>(c, u, w.acc.data(), pv->sums.data());
+        continue;
+      }
+    }
+    unit_weigh<T>(c, u, w, stride, most);
   }
   if (amx) amx_release();
 }
@@ -222,7 +240,7 @@ void attend_share(const specdec_parts::AttendArgs& a, int64_t part, int64_t part
   const Call<T> c(a);
   // bf16 scores on AMX tiles where the CPU has them: a tile holds 16 pairs, so units hold at most 16.
   const bool amx = std::is_same<T, at::BFloat16>::value && a.d % 32 == 0 && c.group <= 16 &&
-                   specdec_parts::amx_bf16_ready();
+                   __builtin_cpu_supports("avx512bf16") && specdec_parts::amx_bf16_ready();
   const Split split = split_work(a.B, a.kv_heads, a.n, c.group, parts,
                                  amx ? 16 : specdec_attention_units::MOST_PAIRS);
   int64_t begin, end;

@@ -27,6 +27,13 @@ template <> SPECDEC_AVX512 inline void store16<at::BFloat16>(at::BFloat16* p, __
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
 }
 
+// A pair's output: its accumulators (chunks x 16 floats) over its sum of probabilities (0: all keys hidden).
+template <typename T>
+SPECDEC_AVX512 inline void store_normalized(T* out, const float* acc, float sum, int64_t chunks) {
+  const __m512 norm = _mm512_set1_ps(sum > 0.0f ? sum : 1.0f);
+  for (int64_t ch = 0; ch < chunks; ++ch) store16(out + 16 * ch, _mm512_div_ps(_mm512_loadu_ps(acc + 16 * ch), norm));
+}
+
 // e^x lane by lane (Cephes-style polynomial, ~1 ulp); exactly 0 below -87 (hidden keys, far tails).
 SPECDEC_AVX512 inline __m512 exp16(__m512 x) {
   const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);

@@ -141,3 +141,23 @@ def test_tree_rows_at_a_long_cache_equal_their_contiguous_path(dtype):
         seen = torch.cat([torch.arange(cached), cached + (mask[0, 0, i, cached:] == 0).nonzero()[:, 0]])
         path = attend_rows(q[:, :, i:i + 1], k[:, :, seen], v[:, :, seen])
         assert torch.equal(together[0, i], path[0, 0]), i
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_with_vanishing_probabilities_equal_one_row_calls(dtype):
+    """Sharp rows (large queries: many keys' exp falls below e^-87 and is exactly 0) with a hidden run of
+    keys in the middle: each row of a 16-row call is bitwise its one-row call over exactly the keys its
+    mask leaves. (AMX weighs the values by each pair's own ordinals of nonzero probabilities, so a zero
+    that moves which keys share a block of 32 must not change the row's bits.)"""
+    gen = torch.Generator().manual_seed(6)
+    keys, rows = 700, 16
+    q = (torch.randn(1, 9, rows, DIM, generator=gen) * torch.linspace(0.5, 60.0, rows).view(1, 1, rows, 1)).to(dtype)
+    k, v = (torch.randn(1, 3, keys, DIM, generator=gen).to(dtype) for _ in range(2))
+    mask = torch.zeros(1, 1, rows, keys)
+    for i in range(rows):
+        mask[..., i, 37 + 5 * i:90 + 7 * i] = float("-inf")  # a hidden run that shifts the later keys
+    together = attend_rows(q, k, v, mask)
+    for i in range(rows):
+        seen = (mask[0, 0, i] == 0).nonzero()[:, 0]
+        alone = attend_rows(q[:, :, i:i + 1], k[:, :, seen], v[:, :, seen])
+        assert torch.equal(together[0, i], alone[0, 0]), i
