@@ -26,6 +26,7 @@ from specdec.models.loader import LoadedModel, load_model, resolve_path
 from specdec.models.runner import ModelRunner, RunnerConfig
 from specdec.parallel import check_tp_degree
 from specdec.policy import PolicyConfig, SpeculationPolicy
+from specdec.policy.budget import BudgetConfig
 from specdec.sequence import Sequence
 from specdec.step import Drafting, StepFailure, decode_step
 from specdec.batch_cache import BatchCache
@@ -105,12 +106,15 @@ class Engine:
         draft_runner = dataclasses.replace(runner, cuda_graphs=False, prefix_cache_mb=0)  # one row at a time
         return cls(loaded, build_drafter(drafter, loaded, draft, drafter_options, torch_dtype, draft_runner), config)
 
-    def new_policy(self, load_aware: bool = True) -> SpeculationPolicy:
-        """The speculation policy for this engine's sequences (depth, node budget, acceptance)."""
+    def new_policy(self, load_aware: bool = True, costs: tuple[tuple[int, float], ...] = ()) -> SpeculationPolicy:
+        """The speculation policy for this engine's sequences (depth, node budget, acceptance). costs:
+        ((rows, seconds), ...) of verify forwards measured beforehand (specdec.policy.calibrate), the
+        batch budget's starting point."""
         if self.config.policy is not None:
             return SpeculationPolicy(self.config.policy)
-        return SpeculationPolicy(PolicyConfig(max_depth=self.num_speculative_tokens,
-                                              adaptive=self.config.adaptive, load_aware=load_aware))
+        budget = BudgetConfig(enabled=load_aware, costs=costs) if costs else None
+        return SpeculationPolicy(PolicyConfig(max_depth=self.num_speculative_tokens, adaptive=self.config.adaptive,
+                                              load_aware=load_aware, budget=budget))
 
     def _eos_ids(self) -> frozenset[int]:
         ids: set[int] = set()

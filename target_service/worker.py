@@ -27,6 +27,7 @@ from specdec.keys import key_matches
 from specdec.kv_budget import KvBudget
 from specdec.kv_budget import plan as plan_kv_budget
 from specdec.policy import NO_CAP, is_sampled
+from specdec.policy.calibrate import forward_costs
 from specdec.rpc.v1 import target_pb2
 from specdec.serving_config import TargetConfig
 from specdec.step import Drafting, StepFailure, StepTimes, plan_all, propose_all, verify_each
@@ -62,7 +63,10 @@ class TargetWorker(DraftIntake):
         self.links: set[DrafterLink] = set()  # open Verify streams
         self.num_served = 0
         self.num_verify_forwards = self.num_sequence_steps = self.max_batch_seen = 0  # batching figures
-        self.policy = engine.new_policy(load_aware=config.load_aware)  # under cond
+        # under cond; a load-aware budget starts from measured verify costs (not under tp: every model call
+        # there is mirrored to the followers)
+        costs = forward_costs(engine.runner) if config.load_aware and config.tp == 1 else ()
+        self.policy = engine.new_policy(load_aware=config.load_aware, costs=costs)
         self.last_step_end = 0.0  # monotonic time the last verify step ended (batch formation)
         self.draft_wait_s = 0.0  # decode thread: seconds waited for drafts since the last step
         self.batch_cache = BatchCache(engine.runner)  # the last batch's stacked KV cache (decode thread only)

@@ -22,11 +22,12 @@ class FakeStep:
     depth: int
 
 
-def simulate(batch: int, alpha: float, cost, num_steps: int = 400, enabled: bool = True, seed: int = 0) -> float:
+def simulate(batch: int, alpha: float, cost, num_steps: int = 400, enabled: bool = True, seed: int = 0,
+             adaptive: bool = False) -> float:
     """Tokens per second of `batch` sequences drafting 8-token chains accepted token by token with
     probability alpha; cost(rows) = seconds of a verify forward over that many padded rows."""
     rng = random.Random(seed)
-    budget = SpeculationPolicy(PolicyConfig(adaptive=False, load_aware=enabled))
+    budget = SpeculationPolicy(PolicyConfig(adaptive=adaptive, load_aware=enabled))
     keys = [str(i) for i in range(batch)]
     for k in keys:
         budget.add(k)
@@ -72,6 +73,24 @@ def test_never_slower_than_plain(batch, alpha, cost):
     plain = batch / cost(batch)
     spec = simulate(batch, alpha, cost)
     assert spec >= 0.97 * plain, (spec, plain)
+
+
+@pytest.mark.parametrize("alpha", [0.1, 0.5, 0.8])
+@pytest.mark.parametrize("cost", [cpu_like, flat_cpu, gpu_like])
+def test_a_lone_adaptive_sequence_decides_its_own_depth_and_never_loses(alpha, cost):
+    """One sequence with adaptive depths: the batch budget steps aside (nothing to trade against) and the
+    sequence's controller sizes its drafts, never slower than plain and drafting where that pays."""
+    spec = simulate(1, alpha, cost, adaptive=True)
+    assert spec >= 0.97 / cost(1), (spec, 1 / cost(1))
+    if alpha == 0.8 and cost is not cpu_like:
+        assert spec > 1.5 / cost(1)
+    policy = SpeculationPolicy(PolicyConfig(adaptive=True, load_aware=True))
+    for key in "ab":
+        policy.add(key)
+    policy.allocate(["a"], [DraftTree.chain([1, 2])], [False])
+    assert policy.batch.alone and policy.cap() == NO_CAP
+    policy.allocate(["a", "b"], [DraftTree.chain([1, 2])] * 2, [False, False])
+    assert not policy.batch.alone
 
 
 def test_speculates_when_it_pays():
@@ -268,3 +287,16 @@ def test_a_probe_that_got_no_drafts_is_neither_judged_nor_dropped():
         assert batch.probe_interval == interval and budget.cap() > 0
     step(True)  # drafts came: the probe is judged (under this load it fails and backs off)
     assert batch.probe_interval > interval and batch.steps_since_probe == 0
+
+
+def test_measured_costs_seed_the_batch_budget(tiny_target, one_thread):
+    """forward_costs times warm forwards over a scratch cache; a load-aware policy starts from them."""
+    from specdec import Engine
+    from specdec.policy.calibrate import forward_costs
+
+    engine = Engine.from_pretrained(target=tiny_target)
+    costs = forward_costs(engine.runner, row_counts=(1, 3, 9), cached=16, repeats=1)
+    assert [rows for rows, _ in costs] == [1, 3, 9] and all(seconds > 0 for _, seconds in costs)
+    policy = engine.new_policy(load_aware=True, costs=costs)
+    assert policy.batch.costs.means == dict(costs) and policy.cap() == NO_CAP  # known costs: no first probe
+    assert engine.new_policy(load_aware=True).batch.costs.means == {}

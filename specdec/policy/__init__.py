@@ -127,7 +127,12 @@ class SpeculationPolicy:
         """The trees one forward verifies. sampled[i]: trees[i] was drawn at random (q given and the
         sequence samples): cut only to its planned prefix. Others: cut to the batch's best R."""
         out = [_prefix(t, self.planned.get(k, NO_CAP)) if s else t for k, t, s in zip(keys, trees, sampled)]
-        if not self.batch.config.enabled:  # no batch budget: scored trees are sized by their own sequence
+        # No batch budget, or a batch of one with adaptive depths (no other sequence's rows to trade against,
+        # and the sequence's own controller weighs its costs): trees are sized by their own sequence, as in
+        # process. The budget alone at one user drafted too little (a served hybrid drafter: tau 1.1-1.4
+        # against 1.74, 106-133 against 145 tok/s).
+        self.batch.alone = len(out) == 1 and self.depth_config.adaptive
+        if not self.batch.config.enabled or self.batch.alone:
             return [t if s else self._own_cut(k, t) for k, t, s in zip(keys, out, sampled)]
         orders = [node_order(t, self.alpha(k), self.scale(k)) for k, t in zip(keys, out)]
         best = self.batch.choose([[p for _, p in order] for order in orders], len(out))

@@ -92,11 +92,12 @@ class BatchBudget:
         self.probe_expected: float | None = None  # during a probe step: the expected rate of the choice
         self.probe_gain = 0.0  # ... and the tokens the probed nodes are expected to give
         self.num_choices = 0
+        self.alone = False  # the last step was one adaptive sequence's (SpeculationPolicy.allocate): its own choice
 
     def cap(self) -> int:
         """Most nodes the next step will verify per sequence (0 = do not draft, NO_CAP = no limit).
         Told to drafters before they draft, so it may depend on the past only."""
-        if not self.config.enabled:
+        if not self.config.enabled or self.alone:  # alone: the sequence's own depth decides
             return NO_CAP
         if self.num_choices == 0:  # a short first draft measures a speculative step
             if self.config.first_budget is not None:
