@@ -3,14 +3,15 @@
 On a GPU the budget is what the worker's share of the device leaves after everything else (vLLM's
 `gpu_memory_utilization`, here `--gpu-memory-fraction`):
 
-    budget_bytes = total * gpu_memory_fraction - in_use_after_loading - activation_peak
+    budget_bytes = total * gpu_memory_fraction - in_use_after_loading - activation_peak - prefix_cache
     capacity     = budget_bytes // bytes_per_token
     bytes_per_token = 2 (keys, values) * layers * kv_heads_per_rank * head_dim * dtype bytes
 
 `in_use_after_loading` is the device's total minus its free memory once the weights are in (so it
 counts the CUDA context and any other process on the GPU too); `activation_peak` is measured by one
 forward of the largest batch a step may run (max_batch sequences of MAX_VERIFY_ROWS rows, plus their
-logits). The router plans admission with the capacity the target reports (GetWorkerInfo, summed in
+logits); `prefix_cache` is the prompt-prefix cache's most bytes (`--prefix-cache-mb`), which fills
+after the budget is planned. The router plans admission with the capacity the target reports (GetWorkerInfo, summed in
 GetServerInfo). On a CPU nothing changes: `--max-kv-tokens`, or room for every sequence slot at the
 model's full context.
 """
@@ -35,14 +36,16 @@ def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_byt
 
 def gpu_kv_tokens(total_bytes: int, in_use_bytes: int, activation_bytes: int, fraction: float,
                   token_bytes: int) -> int:
-    """Tokens the KV cache may hold on a GPU; refuses (one line) a fraction that leaves no room."""
+    """Tokens the KV cache may hold on a GPU; refuses (one line) a fraction that leaves no room.
+    activation_bytes: a step's activations plus what else is set aside (the prompt-prefix cache)."""
     budget = int(total_bytes * fraction) - in_use_bytes - activation_bytes
     tokens = budget // token_bytes if token_bytes > 0 else 0
     if tokens <= 0:
         gib = 2 ** 30
         raise InvalidArgument(f"--gpu-memory-fraction {fraction} of {total_bytes / gib:.1f} GiB leaves no room for a "
                               f"KV cache: {in_use_bytes / gib:.2f} GiB in use after loading and "
-                              f"{activation_bytes / gib:.2f} GiB for a step's activations; raise it or lower --max-batch")
+                              f"{activation_bytes / gib:.2f} GiB for a step's activations and the prefix cache; raise it "
+                              f"or lower --max-batch or --prefix-cache-mb")
     return tokens
 
 
@@ -62,6 +65,8 @@ def plan(engine, max_sequences: int, max_kv_tokens: int, max_batch: int, gpu_mem
 
     device = engine.runner.device
     activation = activation_peak(engine.runner, max_batch)
+    prefixes = engine.runner.prefix_cache
+    activation += prefixes.max_bytes if prefixes is not None else 0  # set aside now: it fills as prompts come
     free, total = torch.cuda.mem_get_info(device)
     tokens = gpu_kv_tokens(total, total - free, activation, gpu_memory_fraction, token_bytes)
     return KvBudget(tokens, "gpu_memory", token_bytes)
