@@ -84,3 +84,20 @@ def test_the_cache_keeps_within_its_bytes_and_drops_unreachable_blocks(tiny_targ
 def test_a_bad_budget_is_refused():
     with pytest.raises(Exception, match="prefix_cache_mb"):
         RunnerConfig(prefix_cache_mb=-1)
+
+
+def test_a_shared_opening_outlives_the_tails_it_leads_to(tiny_target):
+    """Full, the cache drops the least recently used tail blocks, never the opening every prompt uses."""
+    runner = ModelRunner(load_model(tiny_target, torch.float32).model, config=RunnerConfig(prefix_cache_mb=1))
+    opening = list(range(3, 3 + 2 * BLOCK_TOKENS))
+    Sequence(runner, opening + [90], GREEDY)
+    prefixes = runner.prefix_cache
+    block_bytes = next(iter(prefixes.blocks.values())).nbytes
+    prefixes.max_bytes = 5 * block_bytes  # the opening's two blocks and three more
+    for first in range(6):  # six prompts, each the opening and two blocks of its own
+        Sequence(runner, opening + [40 + first] * (2 * BLOCK_TOKENS) + [90], GREEDY)
+        assert tuple(opening[:BLOCK_TOKENS]) in prefixes.blocks and tuple(opening) in prefixes.blocks
+        assert prefixes.num_bytes <= prefixes.max_bytes
+    prefixes.max_bytes = 3 * block_bytes  # less than one prompt's four blocks: its tail goes, not its opening
+    Sequence(runner, opening + [77] * (2 * BLOCK_TOKENS) + [90], GREEDY)
+    assert tuple(opening[:BLOCK_TOKENS]) in prefixes.blocks and len(prefixes.blocks) == 3

@@ -14,7 +14,8 @@ At least one prompt token is always prefilled: its hidden state is what a self-d
 reads first. Heads that read every prompt position's features (EAGLE) and tensor-parallel ranks (whose
 caches would have to agree rank by rank) prefill everything as before.
 
-Bounded: blocks are evicted least recently used first once their bytes pass `max_bytes`; a block is
+Bounded: blocks are evicted least recently used first once their bytes pass `max_bytes`, a run's
+opening counted as used after its tail (so shared openings outlive the tails they lead to); a block is
 kept only while the block before it is (a lookup walks from the first block, so an orphan is dead weight).
 """
 from __future__ import annotations
@@ -42,14 +43,17 @@ class PrefixCache:
         static `cache`; returns how many tokens it now holds (0: nothing cached)."""
         self.num_looked_up_tokens += most
         found: list[torch.Tensor] = []
+        keys: list[tuple[int, ...]] = []
         for end in range(self.block_tokens, most + 1, self.block_tokens):
-            block = self.blocks.get(tuple(ids[:end]))
+            key = tuple(ids[:end])
+            block = self.blocks.get(key)
             if block is None:
                 break
-            self.blocks.move_to_end(tuple(ids[:end]))
             found.append(block)
+            keys.append(key)
         if not found:
             return 0
+        self._touch(keys)
         if cache.store is None:  # like: [batch 1, kv_heads, 0, head_dim] in the blocks' dtype and device
             cache.allocate(found[0].new_empty(1, found[0].shape[2], 0, found[0].shape[4]))
         num_tokens = len(found) * self.block_tokens
@@ -61,15 +65,22 @@ class PrefixCache:
 
     def insert(self, ids: list[int], cache) -> None:
         """Keep the whole blocks of `ids`, whose entries `cache` (batch 1) holds from position 0."""
+        keys = []
         for end in range(self.block_tokens, min(len(ids), cache.length) + 1, self.block_tokens):
             key = tuple(ids[:end])
-            if key in self.blocks:
-                self.blocks.move_to_end(key)
-                continue
-            block = cache.store[:, :, 0, :, end - self.block_tokens:end].clone()
-            self.blocks[key] = block
-            self.num_bytes += block.nbytes
+            keys.append(key)
+            if key not in self.blocks:
+                block = cache.store[:, :, 0, :, end - self.block_tokens:end].clone()
+                self.blocks[key] = block
+                self.num_bytes += block.nbytes
+        self._touch(keys)
         self._evict()
+
+    def _touch(self, keys: list[tuple[int, ...]]) -> None:
+        """Mark a run of blocks (shortest first) used now, the shortest most recently: an opening many
+        prompts share outlives the tails it leads to, which go first."""
+        for key in reversed(keys):
+            self.blocks.move_to_end(key)
 
     def _evict(self) -> None:
         while self.num_bytes > self.max_bytes and self.blocks:
