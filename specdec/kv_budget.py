@@ -64,11 +64,10 @@ def plan(engine, max_sequences: int, max_kv_tokens: int, max_batch: int, gpu_mem
     import torch
 
     device = engine.runner.device
-    activation = activation_peak(engine.runner, max_batch)
     prefixes = engine.runner.prefix_cache
-    activation += prefixes.max_bytes if prefixes is not None else 0  # set aside now: it fills as prompts come
+    set_aside = activation_peak(engine.runner, max_batch) + (prefixes.max_bytes if prefixes is not None else 0)
     free, total = torch.cuda.mem_get_info(device)
-    tokens = gpu_kv_tokens(total, total - free, activation, gpu_memory_fraction, token_bytes)
+    tokens = gpu_kv_tokens(total, total - free, set_aside, gpu_memory_fraction, token_bytes)
     return KvBudget(tokens, "gpu_memory", token_bytes)
 
 

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from specdec import Engine, SamplingParams
+from specdec.errors import InvalidArgument
 from specdec.models.loader import load_model
-from specdec.models.prefix_cache import BLOCK_TOKENS, PrefixCache
+from specdec.models.prefix_cache import BLOCK_TOKENS
 from specdec.models.runner import ModelRunner, RunnerConfig
 from specdec.sequence import Sequence
 
@@ -67,23 +68,20 @@ def test_sampled_generations_draw_alike_with_and_without_the_cache(tiny_target):
 
 def test_the_cache_keeps_within_its_bytes_and_drops_unreachable_blocks(tiny_target):
     runner = ModelRunner(load_model(tiny_target, torch.float32).model, config=RunnerConfig(prefix_cache_mb=1))
-    block_bytes = None
-    for first in range(5):  # five prompts of several blocks each, no opening shared
-        prompt = [first + 3] + list(range(20, 70))
+    prompts = [[first + 3] + list(range(20, 70)) for first in range(5)]  # several blocks each, no opening shared
+    for prompt in prompts:
         Sequence(runner, prompt, GREEDY)
-        prefixes = runner.prefix_cache
-        block_bytes = block_bytes or next(iter(prefixes.blocks.values())).nbytes
-    small = PrefixCache(max_bytes=4 * block_bytes)
-    small.blocks, small.num_bytes = prefixes.blocks, prefixes.num_bytes
-    small._evict()
-    assert small.num_bytes <= 4 * block_bytes
-    for key in small.blocks:  # every kept block is reachable: the blocks before it are kept too
-        assert all(key[:end] in small.blocks for end in range(BLOCK_TOKENS, len(key), BLOCK_TOKENS))
-
-
-def test_a_bad_budget_is_refused():
-    with pytest.raises(Exception, match="prefix_cache_mb"):
-        RunnerConfig(prefix_cache_mb=-1)
+    prefixes = runner.prefix_cache
+    blocks_each = (len(prompts[0]) - 1) // BLOCK_TOKENS
+    assert len(prefixes.blocks) == 5 * blocks_each and prefixes.num_bytes <= prefixes.max_bytes
+    block_bytes = next(iter(prefixes.blocks.values())).entries.nbytes
+    prefixes.max_bytes = 4 * block_bytes
+    prefixes._evict()
+    assert prefixes.num_bytes <= 4 * block_bytes
+    # every kept block is reachable from its prompt's first block: lookups find all that is held
+    reachable = sum(len(prefixes.held(p, len(p))) for p in prompts)
+    assert reachable == len(prefixes.blocks) >= 1
+    assert sum(len(kids) for kids in prefixes.children.values()) == len(prefixes.blocks)
 
 
 def test_a_shared_opening_outlives_the_tails_it_leads_to(tiny_target):
@@ -92,12 +90,17 @@ def test_a_shared_opening_outlives_the_tails_it_leads_to(tiny_target):
     opening = list(range(3, 3 + 2 * BLOCK_TOKENS))
     Sequence(runner, opening + [90], GREEDY)
     prefixes = runner.prefix_cache
-    block_bytes = next(iter(prefixes.blocks.values())).nbytes
+    block_bytes = next(iter(prefixes.blocks.values())).entries.nbytes
     prefixes.max_bytes = 5 * block_bytes  # the opening's two blocks and three more
     for first in range(6):  # six prompts, each the opening and two blocks of its own
         Sequence(runner, opening + [40 + first] * (2 * BLOCK_TOKENS) + [90], GREEDY)
-        assert tuple(opening[:BLOCK_TOKENS]) in prefixes.blocks and tuple(opening) in prefixes.blocks
+        assert len(prefixes.held(opening, len(opening))) == 2  # both opening blocks still there
         assert prefixes.num_bytes <= prefixes.max_bytes
     prefixes.max_bytes = 3 * block_bytes  # less than one prompt's four blocks: its tail goes, not its opening
     Sequence(runner, opening + [77] * (2 * BLOCK_TOKENS) + [90], GREEDY)
-    assert tuple(opening[:BLOCK_TOKENS]) in prefixes.blocks and len(prefixes.blocks) == 3
+    assert len(prefixes.held(opening, len(opening))) == 2 and len(prefixes.blocks) == 3
+
+
+def test_a_bad_budget_is_refused():
+    with pytest.raises(InvalidArgument, match="prefix_cache_mb must be an integer >= 0"):
+        RunnerConfig(prefix_cache_mb=-1)

@@ -39,12 +39,6 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return scores.softmax(dim=-1)
 
 
-def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """probs [..., vocab] -> keep [..., vocab] bool: the tokens top-p keeps (see _nucleus_head)."""
-    _, order, keep = _nucleus_head(probs, top_p)
-    return torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, keep)
-
-
 def _nucleus_head(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """probs [..., vocab] -> (top [..., k] the k largest probabilities, order [..., k] their tokens,
     keep [..., k] bool): a token stays unless the mass of the more probable tokens before it already

@@ -46,7 +46,7 @@ class RunnerConfig:
     # With specdec's kernels, walk a Llama-family decoder in one C++ call (specdec.kernels.lean) rather
     # than through transformers' modules; False keeps transformers' walk (same bits, slower).
     lean_forward: bool = True
-    # Keys and values of prompt openings kept across requests, up to this many MiB (specdec.prefix_cache);
+    # Keys and values of prompt openings kept across requests, up to this many MiB (specdec.models.prefix_cache);
     # 0 = off. A target's sequences use it (Engine, target worker); a draft model's runner leaves it off.
     prefix_cache_mb: int = 0
 

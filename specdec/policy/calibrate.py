@@ -16,6 +16,8 @@ import time
 
 import torch
 
+from specdec.core import kv
+
 ROW_COUNTS = (1, 2, 3, 5, 9, 17, 33)  # padded rows of a verify forward (batch x (1 + nodes))
 CACHED_TOKENS = 256  # a typical cached context while decoding
 
@@ -30,12 +32,12 @@ def forward_costs(runner, row_counts: tuple[int, ...] = ROW_COUNTS, cached: int 
     costs = []
     for rows in row_counts:
         best = float("inf")
-        for _ in range(repeats + 1):  # the first of each count warms its shapes
+        for _ in range(repeats + 1):  # one more than asked: the first of each count warms its shapes
             start = time.perf_counter()
             runner.forward([(11 * i) % vocab for i in range(rows)], cache)
             if runner.device.type == "cuda":
                 torch.cuda.synchronize(runner.device)
             best = min(best, time.perf_counter() - start)
-            cache.trim(cached) if hasattr(cache, "trim") else cache.crop(cached)
+            kv.trim(cache, cached)
         costs.append((rows, best))
     return tuple(costs)

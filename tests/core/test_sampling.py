@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from distribution import g_test_kl
-from specdec.core.sampling import _nucleus, greedy_ids, make_generator, sample, warp
+from specdec.core.sampling import _nucleus_head, greedy_ids, make_generator, sample, warp
 from specdec.core.types import MAX_TEMPERATURE, MIN_TEMPERATURE, SamplingParams
 from specdec.errors import InvalidArgument
 
@@ -74,6 +74,12 @@ def test_greedy_ids_pick_as_argmax_does_through_ties_and_nans(dtype):
         logits[-1, -1] = 5.0  # a lone maximum at the very end
         assert torch.equal(greedy_ids(logits), logits.argmax(dim=-1))
         assert greedy_ids(logits)[0] == 7
+
+
+def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The tokens top-p keeps, as a mask [..., vocab]."""
+    _, order, keep = _nucleus_head(probs, top_p)
+    return torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, keep)
 
 
 def test_nucleus_keeps_what_a_full_sort_keeps_row_by_row():
