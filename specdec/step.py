@@ -205,12 +205,13 @@ def propose_all(entries: list[Drafting], budgets: list, agree=None) -> tuple[lis
     costs its sequence the draft, nothing more. agree(depth): where every tensor-parallel rank drafts
     (the engine under --tp), rank 0's depth for all. Returns (trees, seconds spent drafting)."""
     start = time.perf_counter()
+    depths = [None if b is None else b.depth if agree is None else agree(b.depth) for b in budgets]
+    prepare_together(entries, budgets, depths)
     trees = []
-    for e, budget in zip(entries, budgets):
+    for e, budget, depth in zip(entries, budgets, depths):
         tree = e.tree if e.tree is not None else DraftTree.empty()
         e.drafted = None
-        if budget is not None:
-            depth = budget.depth if agree is None else agree(budget.depth)  # ranks must verify the same tree
+        if budget is not None:  # depth: under tensor parallelism rank 0's, so ranks verify the same tree
             began = time.monotonic()
             try:
                 if depth > 0:
@@ -221,6 +222,24 @@ def propose_all(entries: list[Drafting], budgets: list, agree=None) -> tuple[lis
             e.drafted = (began, time.monotonic() - began, depth, tree.num_nodes)
         trees.append(tree)
     return trees, time.perf_counter() - start
+
+
+def prepare_together(entries: list[Drafting], budgets: list, depths: list) -> None:
+    """Work that drafters do faster for many sequences at once, done for the batch before each sequence
+    drafts: sessions naming the same `batch_owner` (Medusa heads: one product for every sequence's
+    hidden state, whose weights then stream once a step instead of once a sequence). What a sequence
+    drafts is the same either way; a failure here only leaves each session to do its own part."""
+    groups: dict[int, tuple[object, list]] = {}
+    for e, budget, depth in zip(entries, budgets, depths):
+        owner = getattr(e.session, "batch_owner", None)
+        if budget is not None and depth and owner is not None and hasattr(owner, "prepare"):
+            groups.setdefault(id(owner), (owner, []))[1].append((e.session, depth, budget.max_nodes))
+    for owner, items in groups.values():
+        if len(items) > 1:
+            try:
+                owner.prepare(items)
+            except Exception:  # noqa: BLE001
+                log.exception("drafting ahead for %d sequences failed; each drafts alone", len(items))
 
 
 def decode_step(runner: ModelRunner, policy: SpeculationPolicy, pool: BatchCache, entries: list[Drafting],

@@ -108,6 +108,7 @@ class HybridSession:
 
     def __init__(self, drafter: HybridDrafter):
         self.config = drafter.config
+        self.batch_owner = drafter  # a batch's Medusa heads run together (HybridDrafter.prepare)
         self.suffix = drafter.suffix.new_session()
         self.medusa = drafter.medusa.new_session()
 
@@ -151,6 +152,12 @@ class HybridDrafter:
 
     def new_session(self) -> HybridSession:
         return HybridSession(self)
+
+    def prepare(self, sessions: list[tuple[HybridSession, int, int | None]]) -> None:
+        """(session, depth, max_nodes) of one step's sequences: their Medusa heads in one product."""
+        prepare = getattr(self.medusa, "prepare", None)
+        if prepare is not None:
+            prepare([(s.medusa, depth, nodes) for s, depth, nodes in sessions])
 
     def reset(self) -> None:
         """Forget every earlier generation (the suffix drafter's global store)."""

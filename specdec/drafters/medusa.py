@@ -78,10 +78,20 @@ def load_medusa(path: Path, dtype: torch.dtype) -> tuple[MedusaHeads, torch.Tens
     return heads.to(dtype).eval().requires_grad_(False), vocab_ids, config
 
 
+@dataclass(frozen=True)
+class HeadGuesses:
+    """The heads' top candidates for one hidden state, worked out ahead (MedusaDrafter.prepare)."""
+    hidden: torch.Tensor  # the sequence's `hidden` they were computed from (identity: still current?)
+    top: torch.Tensor  # [heads, R] indices into the reduced vocabulary, best first
+    probs: torch.Tensor  # [heads, R] each head's probability of those candidates
+
+
 class MedusaSession:
     def __init__(self, drafter: MedusaDrafter):
         self.drafter = drafter
+        self.batch_owner = drafter  # sessions of one drafter draft faster together (prepare)
         self.sequence = None  # the target's Sequence, whose `hidden` the heads read
+        self.ready: HeadGuesses | None = None
 
     def attach(self, sequence) -> None:
         """Self-drafting: the engine hands over the target's sequence state (hidden at the last accepted row)."""
@@ -104,13 +114,15 @@ class MedusaSession:
         shape = d.tree_shape(max_tokens, max_nodes)
         if shape is None:
             return DraftTree.empty()
-        logits = d.lm_rows(d.features(hidden, shape.num_heads))  # [heads used, V']
-        top = torch.topk(logits, d.max_rank + 1, dim=-1).indices  # [heads used, R]
+        ready, self.ready = self.ready, None
+        if ready is None or ready.hidden is not hidden or ready.top.shape[0] < shape.num_heads:
+            ready = d.guesses([hidden], shape.num_heads)[0]
+        top = ready.top[:shape.num_heads]  # [heads used, R]
         candidates = d.vocab_ids[top].flatten().tolist()  # [heads used * R] target token ids
         tokens = tuple(candidates[i] for i in shape.picks)
         if not with_scores:
             return DraftTree(tokens, shape.parents, None)
-        probs = torch.softmax(logits.float(), dim=-1).gather(1, top).flatten().tolist()  # [heads used * R]
+        probs = ready.probs[:shape.num_heads].flatten().tolist()  # [heads used * R]
         scores = []
         for node, parent in enumerate(shape.parents):  # a path's product: its parent's times its own pick
             score = probs[shape.picks[node]] * (scores[parent] if parent >= 0 else 1.0)
@@ -165,14 +177,37 @@ class MedusaDrafter:
         self.fused = PackedLinear(weight, bias) if isinstance(blocks[0], PackedLinear) else None
 
     def features(self, hidden: torch.Tensor, num_heads: int) -> torch.Tensor:
-        """hidden [H] -> the first num_heads heads' features [num_heads, H]: h + SiLU(W_i h + b_i) each,
-        the same values MedusaHeads.forward gives (per-output products, then the same two ops)."""
+        """hidden [n, H] -> the first num_heads heads' features [n, num_heads, H]: h + SiLU(W_i h + b_i)
+        each, the same values MedusaHeads.forward gives (per-output products, then the same two ops)."""
         hidden = hidden.to(self.head_weight.dtype)
-        size = hidden.shape[-1]
+        n, size = hidden.shape
         if self.fused is None or (num_heads < len(self.heads.blocks) and size % TILE):
-            return self.heads(hidden.unsqueeze(0))[0, :num_heads]
-        y = self.fused(hidden.unsqueeze(0), num_out=num_heads * size).view(num_heads, size)
-        return hidden + torch.nn.functional.silu(y)
+            return self.heads(hidden)[:, :num_heads]
+        y = self.fused(hidden, num_out=num_heads * size).view(n, num_heads, size)
+        return hidden[:, None] + torch.nn.functional.silu(y)
+
+    @torch.inference_mode()
+    def guesses(self, hiddens: list[torch.Tensor], num_heads: int) -> list[HeadGuesses]:
+        """The first num_heads heads' top candidates for each hidden state [H], all in one product per
+        weight: in a batch of n sequences the heads' and the reduced LM head's weights (~12 MB in
+        bf16 for SmolLM2) stream once instead of n times. specdec's kernel computes each row alone
+        (row-invariant), so a sequence's guesses are the same bits with or without the others."""
+        logits = self.lm_rows(self.features(torch.stack(hiddens), num_heads))  # [n, heads, V']
+        top = torch.topk(logits, self.max_rank + 1, dim=-1).indices  # [n, heads, R]
+        probs = torch.softmax(logits.float(), dim=-1).gather(2, top)  # [n, heads, R]
+        return [HeadGuesses(h, t, p) for h, t, p in zip(hiddens, top, probs)]
+
+    def prepare(self, sessions: list[tuple[MedusaSession, int, int | None]]) -> None:
+        """(session, depth, max_nodes) of one step's sequences: their guesses together, kept in each
+        session for its draft() that follows."""
+        wanted = [(s, shape.num_heads) for s, depth, nodes in sessions
+                  if getattr(s.sequence, "hidden", None) is not None and depth > 0
+                  and (shape := self.tree_shape(depth, nodes)) is not None]
+        if len(wanted) < 2:
+            return
+        guesses = self.guesses([s.sequence.hidden for s, _ in wanted], max(n for _, n in wanted))
+        for (session, _), ready in zip(wanted, guesses):
+            session.ready = ready
 
     def tree_shape(self, max_depth: int, max_nodes: int | None) -> TreeShape | None:
         """The static tree cut to max_depth and max_nodes (None: all paths), or None when nothing is left."""

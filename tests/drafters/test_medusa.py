@@ -130,3 +130,59 @@ def test_wrong_target_and_missing_checkpoint_are_refused(tiny_target, tiny_medus
         Engine.from_pretrained(target=tiny_target, drafter="medusa", draft=str(tiny_medusa_dir), width=3)
     with pytest.raises(InvalidArgument, match="no trained medusa drafter is shipped for the target"):
         Engine.from_pretrained(target=tiny_target, drafter="medusa")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_heads_prepared_for_a_batch_draft_what_each_drafts_alone(tiny_target, tiny_medusa_dir, dtype):
+    """A batch step runs every sequence's heads in one product (MedusaDrafter.prepare); each session's
+    tree and scores must be exactly those it drafts alone, and a guess made for an older hidden state
+    must not be used once the sequence has moved on."""
+    engine = Engine.from_pretrained(target=tiny_target, drafter="medusa", draft=str(tiny_medusa_dir), dtype=dtype)
+    drafter = engine.drafter
+    torch.manual_seed(1)
+    seqs = [type("Seq", (), {"hidden": torch.randn(64).to(drafter.head_weight.dtype)})() for _ in range(5)]
+    alone, together = [], []
+    for seq in seqs:
+        session = drafter.new_session()
+        session.attach(seq)
+        alone.append(session.draft(4, None, with_scores=True))
+        together.append(session)
+    drafter.prepare([(s, 4 if i % 2 else 2, None) for i, s in enumerate(together)])
+    assert all(s.ready is not None for s in together)
+    for session, expected in zip(together, alone):
+        tree = session.draft(4, None, with_scores=True)  # deeper than some were prepared for: drafted afresh
+        assert tree.token_ids == expected.token_ids and tree.scores == expected.scores
+        assert session.ready is None  # used once
+    session = together[0]
+    drafter.prepare([(session, 4, None), (together[1], 4, None)])
+    stale = session.ready
+    session.sequence.hidden = torch.randn(64).to(drafter.head_weight.dtype)  # the next step's state
+    fresh = drafter.new_session()
+    fresh.attach(session.sequence)
+    assert session.draft(4, None, with_scores=True) == fresh.draft(4, None, with_scores=True)
+    assert stale.hidden is not session.sequence.hidden
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["prepared", "prepare-fails"])
+def test_batched_medusa_greedy_equals_alone(tiny_target, tiny_medusa_dir, broken, monkeypatch):
+    """In a batch the heads run for every sequence at once (specdec.step.prepare_together); greedy output
+    must equal decoding each prompt alone, and a failing batch product must only make each draft alone."""
+    from specdec.batch import generate_batch
+    from specdec.drafters.medusa import MedusaDrafter
+
+    engine = Engine.from_pretrained(target=tiny_target, drafter="medusa", draft=str(tiny_medusa_dir))
+    prompts = [[5, 6, 7, 8, 9, 5, 6, 7], [40, 41], [11, 12, 13, 11, 12, 13, 14], [1, 2, 3]]
+    params = SamplingParams(max_new_tokens=20, ignore_eos=True)
+    alone = [engine.generate(p, params).token_ids for p in prompts]
+    calls = []
+    real = MedusaDrafter.prepare
+
+    def prepare(self, sessions):
+        calls.append(len(sessions))
+        if broken:
+            raise RuntimeError("injected")
+        return real(self, sessions)
+
+    monkeypatch.setattr(MedusaDrafter, "prepare", prepare)
+    assert generate_batch(engine, prompts, params, max_batch=4, load_aware=False) == alone
+    assert calls and max(calls) == 4
