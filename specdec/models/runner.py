@@ -66,6 +66,7 @@ class ModelRunner:
         config.kv_cache: "static" (preallocated, committed by index bookkeeping:
         specdec.models.static_cache) or "dynamic" (transformers' DynamicCache, grown by concatenation)."""
         from specdec.kernels import attention, lean
+        from specdec.models import rotary
         from specdec.kernels.linear import PackedLinear, install
 
         self.model = model
@@ -80,6 +81,7 @@ class ModelRunner:
         self.dtype = first.dtype
         self.device = first.device  # every tensor a forward gets is made here (specdec.device)
         self.decoder = getattr(model, model.base_model_prefix)
+        rotary.install(self.decoder)  # cos/sin per position computed once: the same bits in every forward
         self.lean = lean.build(model, self.decoder, self.linear_kernel, self.attention_kernel, config.lean_forward)
         # prompt openings' keys and values across requests: a static cache on one process (tensor-parallel
         # ranks would each need the same blocks at the same moments)
