@@ -474,4 +474,16 @@ void specdec_parts::rowgemm_part(bool bf16, const void* x, int64_t M, int64_t K,
               static_cast<float*>(y), begin, end);
 }
 
+// What F32_AHEAD prefetches within a call, for the head of the next call: without it a call's first
+// F32_AHEAD bytes came in on demand misses alone, after the barrier.
+void specdec_parts::rowgemm_prefetch_part(bool bf16, const void* packed, int64_t K, int64_t num_tiles,
+                                          int64_t part, int64_t parts) {
+  if (bf16) return;
+  int64_t begin, end;
+  specdec_parts::share(num_tiles, part, parts, begin, end);
+  const char* head = static_cast<const char*>(packed) + begin * K * TILE * 4;
+  const int64_t bytes = std::min(F32_AHEAD, (end - begin) * K * TILE * 4);
+  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(head + i, _MM_HINT_T1);
+}
+
 int64_t cpu_isa() { return best_isa(); }
