@@ -3,7 +3,8 @@
 // Weights are packed once at load into tiles of 32 output features (specdec/kernels/packing.py):
 //   float32   [num_tiles, K, 32]            one 128-byte line pair per k
 //   bfloat16  [num_tiles, K/2, 32, 2]       pairs of k per output, the layout VDPBF16PS multiplies
-// A tile streams from memory once and is applied, from L1/L2, to every row group of the call.
+// A tile streams from memory once and is applied, from L1/L2, to every row group of the call (float32 on
+// AVX-512: chunk by chunk of k, so every group takes a chunk from L1 while the stream runs ahead).
 // Outputs sit in vector lanes and every (row, output) accumulator runs over k in order 0..K-1 with one
 // fused multiply-add per step (bf16: one dot-pair per two steps), starting from zero, with no horizontal
 // sum. So a row's result does not depend on which other rows share the call, on the row-group size, on
@@ -153,7 +154,7 @@ __attribute__((target("avx2,fma"))) void f32_avx2(
 }
 
 // AVX2, at most 2 rows (3 would need 19 registers): the whole tile at each k (128 contiguous bytes, one sequential stream from memory;
-// the halves above read every other line of it twice over) and the next tile prefetched as AVX-512 does.
+// the halves above read every other line of it twice over) and the next tile prefetched into L2.
 // The same chains as every path: the same bits.
 template <int R>
 __attribute__((target("avx2,fma"))) void f32_avx2_full(
