@@ -106,7 +106,7 @@ def test_bad_shapes_are_refused():
 
 
 @pytest.mark.parametrize("n, k", [(100, 300), (33, 1536), (5, 129)])
-@pytest.mark.parametrize("rows", [1, 8, 13, 16, 25, 32])
+@pytest.mark.parametrize("rows", [1, 4, 5, 8, 12, 13, 16, 25, 32])  # one group, 3 + 2, 4 + 4, 6 + 6, 7 + 6, ...
 def test_float32_chunks_of_k_keep_the_bits(n, k, rows):
     """AVX-512 takes k in chunks through every row group, carrying accumulators in y between chunks: every
     row count and k that is no multiple of the chunk gives each row the bits of that row alone and of the
