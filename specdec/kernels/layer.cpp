@@ -194,6 +194,7 @@ class LeanStack {
       p.barrier.wait();
       rowgemm_part(p.bf16, p.normed.data_ptr(), M, hidden_, w.qkv.data_ptr(), w.qkv.size(0), width,
                    p.qkv.data_ptr(), false, part, parts);
+      rowgemm_prefetch_part(p.bf16, w.o.data_ptr(), heads_ * d_, w.o.size(0), part, parts);  // warm the next product
       p.barrier.wait();
       if (p.bf16)
         rotate_rows<at::BFloat16>(p.qkv.data_ptr<at::BFloat16>(), width, p.n, heads_, kv_heads_, d_, k_col_, v_col_,
@@ -211,6 +212,7 @@ class LeanStack {
       p.barrier.wait();
       rowgemm_part(p.bf16, p.attn.data_ptr(), M, heads_ * d_, w.o.data_ptr(), w.o.size(0), hidden_, p.h.data_ptr(),
                    false, part, parts);
+      rowgemm_prefetch_part(p.bf16, w.gate_up.data_ptr(), hidden_, w.gate_up.size(0), part, parts);
       p.barrier.wait();
       add_rows(p.bf16, x, p.h.data_ptr(), hidden_, row0, row1);  // h = attention + residual, by this part's rows,
       rmsnorm_part(p.bf16, p.h.data_ptr(), w.post_norm.data_ptr(), p.normed.data_ptr(), M, hidden_, eps_, part,
@@ -218,6 +220,7 @@ class LeanStack {
       p.barrier.wait();
       rowgemm_part(p.bf16, p.normed.data_ptr(), M, hidden_, w.gate_up.data_ptr(), w.gate_up.size(0), wgu,
                    p.gate_up.data_ptr(), false, part, parts);
+      rowgemm_prefetch_part(p.bf16, w.down.data_ptr(), inter_, w.down.size(0), part, parts);
       p.barrier.wait();
       if (part == 0) {
         at::silu_out(p.act, p.gate);
@@ -226,6 +229,8 @@ class LeanStack {
       p.barrier.wait();
       rowgemm_part(p.bf16, p.act.data_ptr(), M, inter_, w.down.data_ptr(), w.down.size(0), hidden_, y, false, part,
                    parts);
+      if (l + 1 < layers_.size())
+        rowgemm_prefetch_part(p.bf16, layers_[l + 1].qkv.data_ptr(), hidden_, layers_[l + 1].qkv.size(0), part, parts);
       p.barrier.wait();
       add_rows(p.bf16, p.h.data_ptr(), y, hidden_, row0, row1);  // the next norm reads only these rows
       x = y;

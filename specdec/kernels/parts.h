@@ -18,6 +18,10 @@ inline void share(int64_t count, int64_t part, int64_t parts, int64_t& begin, in
 void rowgemm_part(bool bf16, const void* x, int64_t M, int64_t K, const void* packed, int64_t num_tiles,
                   int64_t n_out, void* y, bool out_fp32, int64_t part, int64_t parts);
 
+// rowgemm.cpp: float32 weights only (bfloat16 does nothing): the first bytes of part p's share of a packed weight
+// into L2, for a part to ask while it waits at a barrier before the product (its stream then starts warm).
+void rowgemm_prefetch_part(bool bf16, const void* packed, int64_t K, int64_t num_tiles, int64_t part, int64_t parts);
+
 // rowgemm_amx.cpp: whether this CPU and OS run AMX-BF16 tiles (asked once; SPECDEC_NO_AMX=1 says no), and
 // packed bfloat16 tiles [begin, end) on them (x as K2 bf16 pairs per row, y [M, n_out] bf16 or float32).
 bool amx_bf16_ready();

@@ -103,3 +103,20 @@ def test_bad_shapes_are_refused():
         rowgemm(torch.randn(2, 31), packed, 64)
     with pytest.raises(RuntimeError, match="need float32 x"):
         rowgemm(torch.randn(2, 32).bfloat16(), packed, 64)
+
+
+@pytest.mark.parametrize("n, k", [(100, 300), (33, 1536), (5, 129)])
+@pytest.mark.parametrize("rows", [1, 4, 5, 8, 12, 13, 16, 25, 32])  # one group, 3 + 2, 4 + 4, 6 + 6, 7 + 6, ...
+def test_float32_chunks_of_k_keep_the_bits(n, k, rows):
+    """AVX-512 takes k in chunks through every row group, carrying accumulators in y between chunks: every
+    row count and k that is no multiple of the chunk gives each row the bits of that row alone and of the
+    scalar path (one chain over k in order)."""
+    gen = torch.Generator().manual_seed(n + k + rows)
+    packed = pack(torch.randn(n, k, generator=gen))
+    x = torch.randn(rows, k, generator=gen)
+    scalar = rowgemm(x, packed, n, 0)
+    for isa in F32_ISAS[1:]:
+        many = rowgemm(x, packed, n, isa)
+        assert torch.equal(many, scalar), f"isa {isa}"
+        for i in (0, rows - 1):
+            assert torch.equal(many[i], rowgemm(x[i:i + 1], packed, n, isa)[0]), f"isa {isa} row {i}"
