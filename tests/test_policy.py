@@ -300,3 +300,18 @@ def test_measured_costs_seed_the_batch_budget(tiny_target, one_thread):
     policy = engine.new_policy(load_aware=True, costs=costs)
     assert policy.batch.costs.means == dict(costs) and policy.cap() == NO_CAP  # known costs: no first probe
     assert engine.new_policy(load_aware=True).batch.costs.means == {}
+
+
+def test_costs_are_kept_per_batch_size():
+    """8 padded rows are 8 sequences' plain step or 4 sequences' drafted one: the budget must price each by
+    its own batch size's measurements, and shape a batch size's unmeasured counts by the all-batch table."""
+    budget = SpeculationPolicy(PolicyConfig(adaptive=False)).batch
+    budget.record(8, 0.020, 6, batch=4)  # 4 sequences x 2 rows, drafting included
+    budget.record(8, 0.014, 8, batch=8)  # 8 sequences x 1 row, plain
+    budget.record(16, 0.024, 8, batch=4)
+    assert budget.estimate(8, 8) == pytest.approx(0.014)
+    assert budget.estimate(4, 8) == pytest.approx(0.020)
+    assert budget.estimate(4, 12) == pytest.approx(0.022)  # between the batch's own counts
+    assert budget.estimate(2, 8) == pytest.approx(budget.costs.estimate(8))  # never measured: all batches
+    # above batch 8's only count: its 8-row cost times the all-batch table's 16 / 8 ratio
+    assert budget.estimate(8, 16) == pytest.approx(0.014 * budget.costs.estimate(16) / budget.costs.estimate(8))

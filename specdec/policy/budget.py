@@ -7,9 +7,11 @@ costs and measured acceptance, how many nodes per sequence to verify:
 
     rows per sequence   R + 1             the batch is padded to its longest tree (specdec.step), so
                                           every sequence gets the same node budget R (0 = plain step)
-    cost                t(B * (R + 1))    seconds of one verify forward over B sequences, measured:
-                                          decayed mean per padded row count, interpolated between
-                                          measured counts, extrapolated pessimistically above them
+    cost                t(B, B * (R + 1)) seconds of one verify forward over B sequences, measured:
+                                          decayed mean per (batch size, padded row count), interpolated
+                                          between a batch's measured counts; outside them anchored on its
+                                          nearest one and shaped by the all-batch table (per row count,
+                                          extrapolated pessimistically above its largest)
     gain                B + sum_i sum_{node kept} P_i(node)
     P_i(node)           P_i(parent) * alpha_i * (1 - alpha_i)^rank   (rank among its siblings)
     choice              R maximising gain / cost, and R = 0 unless that beats R = 0 by min_gain
@@ -84,8 +86,12 @@ class BatchBudget:
 
     def __init__(self, config: BudgetConfig = BudgetConfig()):
         self.config = config
-        self.costs = CostTable(config.decay)
+        self.costs = CostTable(config.decay)  # per padded row count, every batch size together
         self.costs.means.update(dict(config.costs))
+        # per batch size: 8 rows are 8 sequences' plain step or 4 sequences' drafted one, whose costs differ
+        # (in process, bf16: ~14 ms against ~20 ms with drafting); one mean for both made plain steps at 8
+        # sequences look 1.8x their cost and drafting look cheap against them
+        self.batch_costs: dict[int, CostTable] = {}
         self.last_budget = NO_CAP  # R chosen at the last step (NO_CAP: drafts were not cut)
         self.steps_since_probe = 0
         self.probe_interval = config.min_probe_interval
@@ -120,7 +126,7 @@ class BatchBudget:
         self.num_choices += 1
         best_r, best_rate, plain_rate = 0, None, None
         for r in range(max_nodes + 1):
-            cost = self.costs.estimate(batch * (r + 1))
+            cost = self.estimate(batch, batch * (r + 1))
             if cost is None or cost <= 0:
                 continue
             rate = (batch + sum(sum(order[:r]) for order in orders)) / cost
@@ -139,11 +145,29 @@ class BatchBudget:
         self.last_budget = NO_CAP if best_r >= max_nodes else best_r
         return best_r
 
+    def estimate(self, batch: int, num_rows: int) -> float | None:
+        """Seconds of a forward over `num_rows` padded rows of `batch` sequences: the batch size's own
+        measured means where they reach (interpolated between its counts), outside them its nearest
+        measured count scaled by the all-batch table's shape, and the all-batch table for a batch size
+        never measured."""
+        own = self.batch_costs.get(batch)
+        if own is None or not own.means:
+            return self.costs.estimate(num_rows)
+        known = sorted(own.means)
+        if num_rows in own.means or known[0] < num_rows < known[-1]:
+            return own.estimate(num_rows)
+        anchor = known[-1] if num_rows > known[-1] else known[0]
+        shape, at_anchor = self.costs.estimate(num_rows), self.costs.estimate(anchor)
+        if shape is None or not at_anchor:
+            return own.estimate(num_rows)
+        return own.means[anchor] * shape / at_anchor
+
     def record(self, num_rows: int, seconds: float, num_tokens: int, batch: int) -> None:
         """The forward's padded rows, wall seconds and tokens emitted over the batch."""
         if not self.config.learn_costs:
             return
         self.costs.record(num_rows, seconds)
+        self.batch_costs.setdefault(batch, CostTable(self.config.decay)).record(num_rows, seconds)
         self.steps_since_probe += 1
         if self.probe_expected is not None:  # at its measured cost, does the probe beat the choice?
             # Judged on expected tokens, not the tokens this one step drew: at acceptance 0.3 a 2-node
