@@ -220,9 +220,23 @@ AVX512 void unit_weigh(const Call<T>& c, const Unit& u, Scratch& w, int64_t stri
 // Units [begin, end) of the call's split: a (b, g)'s units one after another, so its keys stay in L2.
 template <typename T>
 void attend_items(const Call<T>& c, const Split& split, int64_t kv_heads, int64_t begin, int64_t end, bool amx) {
-  const int64_t per_group = split.row_blocks * split.head_blocks, stride = c.L + 16;
-  Scratch w(split.rows * split.heads, stride, c.d);
-  std::unique_ptr<PvScratch> pv(amx ? new PvScratch(split.rows * split.heads, c.L, c.d, per_group > 1) : nullptr);
+  const int64_t per_group = split.row_blocks * split.head_blocks, pairs = split.rows * split.heads;
+  // This thread's scratch, kept from call to call while the shape allows (the keys rounded up to 256, so a
+  // decode's growing cache reuses it): fresh buffers each call cost a zero fill, and page faults where the
+  // allocator had handed their pages back. Any stride >= the keys + 16 does: it places rows, not values.
+  const int64_t keys = (c.L + 255) / 256 * 256, stride = keys + 16;
+  thread_local std::unique_ptr<Scratch> w_kept;
+  thread_local std::unique_ptr<PvScratch> pv_kept;
+  thread_local int64_t kept[4] = {-1, -1, -1, -1};  // pairs, keys, d, AMX with kept values
+  const int64_t shape[4] = {pairs, keys, c.d, amx ? 1 + (per_group > 1) : 0};
+  if (!std::equal(shape, shape + 4, kept)) {
+    w_kept.reset(new Scratch(pairs, stride, c.d));
+    pv_kept.reset(amx ? new PvScratch(pairs, keys, c.d, per_group > 1) : nullptr);
+    std::copy(shape, shape + 4, kept);
+  }
+  Scratch& w = *w_kept;
+  PvScratch* const pv = pv_kept.get();
+  if (pv != nullptr) pv->relay_b = -1;  // values re-laid in an earlier call may have changed since
   for (int64_t item = begin; item < end; ++item) {
     const int64_t b = item / (kv_heads * per_group), g = (item / per_group) % kv_heads;
     const int64_t r = (item % per_group) / split.head_blocks, hb = item % split.head_blocks;

@@ -200,3 +200,17 @@ def test_units_of_a_kv_group_reusing_its_values_equal_one_row_calls(dtype):
                 assert torch.equal(together[0, i], alone[i]), (num_threads, i)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_call_rereads_values_changed_in_place(dtype):
+    """Each thread keeps its scratch (and AMX's values re-laid into key pairs) from call to call: a cache
+    rewritten in place between two calls of one shape (a rollback, then other tokens) is read afresh."""
+    gen = torch.Generator().manual_seed(9)
+    q = torch.randn(1, 9, 8, DIM, generator=gen).to(dtype)
+    k, v = (torch.randn(1, 3, 300, DIM, generator=gen).to(dtype) for _ in range(2))
+    before = attend_rows(q, k, v)
+    v[:, :, 100:200] = torch.randn(1, 3, 100, DIM, generator=gen).to(dtype)
+    after = attend_rows(q, k, v)
+    assert not torch.equal(before, after)
+    assert torch.equal(after, attend_rows(q, k.clone(), v.clone()))
