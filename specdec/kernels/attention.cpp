@@ -42,7 +42,9 @@ using specdec_attention_units::split_work;
 using specdec_attention_amx::amx_configure;
 using specdec_attention_amx::amx_queries;
 using specdec_attention_amx::amx_release;
-using specdec_attention_amx::amx_scores16;
+using specdec_attention_amx::amx_block_scores;
+using specdec_attention_amx::amx_load_queries;
+using specdec_attention_amx::amx_scores64;
 using specdec_attention_amx::amx_weigh;
 using specdec_attention_amx::PvScratch;
 #define AVX512 SPECDEC_AVX512
@@ -65,16 +67,16 @@ class Vectors {
 
 // One thread's working memory, reused unit after unit.
 struct Scratch {
-  Vectors kt, top16, st;  // [d] a block of 16 keys across lanes; [pairs] running maxima; [16] AMX's scores
+  Vectors kt, top16, st;  // [d] a block of 16 keys across lanes; [pairs] running maxima; [4 x 16] AMX's scores
   std::vector<float> qf, probs, acc, sums;  // [pairs, d] queries; [pairs, stride] scores, then probabilities;
                                             // [pairs, d] value accumulators; [pairs] their sums
   std::vector<int64_t> visible;  // [pairs] keys each pair sees
   std::vector<uint32_t> qt;      // AMX: [d / 2, pairs] the queries' dims in pairs, transposed
   std::vector<uint16_t> kpad;    // AMX: [16, d] a last block of fewer than 16 keys, zero-padded
   Scratch(int64_t pairs, int64_t stride, int64_t d)
-      : kt(d), top16(pairs), st(16), qf(pairs * d), probs(pairs * stride), acc(pairs * d), sums(pairs),
+      : kt(d), top16(pairs), st(64), qf(pairs * d), probs(pairs * stride), acc(pairs * d), sums(pairs),
         visible(pairs), qt(d / 2 * pairs), kpad(16 * d) {
-    std::fill(reinterpret_cast<float*>(st.data()), reinterpret_cast<float*>(st.data()) + 256, 0.0f);
+    std::fill(reinterpret_cast<float*>(st.data()), reinterpret_cast<float*>(st.data()) + 1024, 0.0f);
   }
 };
 
@@ -120,19 +122,24 @@ AVX512 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t s
     if (amx) {
       amx_queries(c, u, w.qt.data());
       amx_configure(pairs);
+      amx_load_queries(w.qt.data(), d, pairs);
     }
   }
-  for (int64_t j = 0; j < most; j += 16) {  // 16 keys read (and transposed) once, scored for every pair
-    const int64_t count = std::min<int64_t>(16, most - j);
-    if constexpr (std::is_same<T, at::BFloat16>::value) {
-      if (amx) {
+  if constexpr (std::is_same<T, at::BFloat16>::value) {
+    // AMX: up to four blocks of 16 keys on tiles at once (independent products in flight), then each
+    // block's scores transposed to pairs and taken
+    for (int64_t j = 0; amx && j < most; j += 64) {
+      float* const st = reinterpret_cast<float*>(w.st.data());
+      amx_scores64(keys + j * c.k_row, c.k_row, most - j, d, pairs, w.qt.data(), w.kpad.data(), st);
+      for (int64_t b = 0; b < 4 && j + 16 * b < most; ++b) {
         __m512 s[16];
-        amx_scores16(keys + j * c.k_row, c.k_row, count, d, pairs, w.qt.data(), w.kpad.data(),
-                     reinterpret_cast<float*>(w.st.data()), s);
-        for (int64_t p = 0; p < pairs; ++p) take_scores<T>(c, u, w, stride, j, p, s[p]);
-        continue;
+        amx_block_scores(st + 256 * b, pairs, s);
+        for (int64_t p = 0; p < pairs; ++p) take_scores<T>(c, u, w, stride, j + 16 * b, p, s[p]);
       }
     }
+  }
+  for (int64_t j = 0; !amx && j < most; j += 16) {  // 16 keys read (and transposed) once, scored for every pair
+    const int64_t count = std::min<int64_t>(16, most - j);
     keys_across_lanes<T>(keys + j * c.k_row, c.k_row, count, c.chunks, kt);
     __m512 s[6];
     for (int64_t p = 0; p < pairs;) {
@@ -213,9 +220,23 @@ AVX512 void unit_weigh(const Call<T>& c, const Unit& u, Scratch& w, int64_t stri
 // Units [begin, end) of the call's split: a (b, g)'s units one after another, so its keys stay in L2.
 template <typename T>
 void attend_items(const Call<T>& c, const Split& split, int64_t kv_heads, int64_t begin, int64_t end, bool amx) {
-  const int64_t per_group = split.row_blocks * split.head_blocks, stride = c.L + 16;
-  Scratch w(split.rows * split.heads, stride, c.d);
-  std::unique_ptr<PvScratch> pv(amx ? new PvScratch(split.rows * split.heads, c.L, c.d) : nullptr);
+  const int64_t per_group = split.row_blocks * split.head_blocks, pairs = split.rows * split.heads;
+  // This thread's scratch, kept from call to call while the shape allows (the keys rounded up to 256, so a
+  // decode's growing cache reuses it): fresh buffers each call cost a zero fill, and page faults where the
+  // allocator had handed their pages back. Any stride >= the keys + 16 does: it places rows, not values.
+  const int64_t keys = (c.L + 255) / 256 * 256, stride = keys + 16;
+  thread_local std::unique_ptr<Scratch> w_kept;
+  thread_local std::unique_ptr<PvScratch> pv_kept;
+  thread_local int64_t kept[4] = {-1, -1, -1, -1};  // pairs, keys, d, AMX with kept values
+  const int64_t shape[4] = {pairs, keys, c.d, amx ? 1 + (per_group > 1) : 0};
+  if (!std::equal(shape, shape + 4, kept)) {
+    w_kept.reset(new Scratch(pairs, stride, c.d));
+    pv_kept.reset(amx ? new PvScratch(pairs, keys, c.d, per_group > 1) : nullptr);
+    std::copy(shape, shape + 4, kept);
+  }
+  Scratch& w = *w_kept;
+  PvScratch* const pv = pv_kept.get();
+  if (pv != nullptr) pv->relay_b = -1;  // values re-laid in an earlier call may have changed since
   for (int64_t item = begin; item < end; ++item) {
     const int64_t b = item / (kv_heads * per_group), g = (item / per_group) % kv_heads;
     const int64_t r = (item % per_group) / split.head_blocks, hb = item % split.head_blocks;

@@ -30,12 +30,14 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Tile 0: the scores [16 keys, pairs] (float32); 1: 16 keys x 32 dims; 2: 16 dim pairs x pairs.
+// Tiles 0-3: the scores [16 keys, pairs] (float32) of up to four blocks of 16 keys; 4 and 5: 16 keys x 32
+// dims; 6 and 7: 16 dim pairs x pairs, the queries' even and odd 32-dim steps (resident for a unit when
+// d <= 64: loaded once by amx_load_queries, not once per block).
 SPECDEC_AMX inline void amx_configure(int64_t pairs) {
   TileConfig t;
-  t.rows[0] = 16, t.colsb[0] = static_cast<uint16_t>(pairs * 4);
-  t.rows[1] = 16, t.colsb[1] = 64;
-  t.rows[2] = 16, t.colsb[2] = static_cast<uint16_t>(pairs * 4);
+  for (int i = 0; i < 4; ++i) t.rows[i] = 16, t.colsb[i] = static_cast<uint16_t>(pairs * 4);
+  t.rows[4] = t.rows[5] = 16, t.colsb[4] = t.colsb[5] = 64;
+  t.rows[6] = t.rows[7] = 16, t.colsb[6] = t.colsb[7] = static_cast<uint16_t>(pairs * 4);
   asm volatile("" : : "r"(&t) : "memory");  // GCC 12 drops the stores ldtilecfg reads without this
   _tile_loadconfig(&t);
 }
@@ -52,25 +54,66 @@ inline void amx_queries(const Call<at::BFloat16>& c, const Unit& u, uint32_t* qt
   }
 }
 
-// s[p] lane e = pair p's score of key e of the block (count keys from `keys`; lanes past them 0).
-SPECDEC_AMX inline void amx_scores16(const at::BFloat16* keys, int64_t k_row, int64_t count, int64_t d, int64_t pairs,
-                              const uint32_t* qt, uint16_t* kpad, float* st, __m512* s) {
-  const void* kb = keys;
-  int64_t stride = k_row * 2;
-  if (count < 16) {  // the cache may end with the block: read no row past it
-    for (int64_t e = 0; e < 16; ++e) {
-      if (e < count) std::memcpy(kpad + e * d, keys + e * k_row, d * 2);
-      else std::memset(kpad + e * d, 0, d * 2);
-    }
-    kb = kpad, stride = d * 2;
+// Whether a unit's queries stay in tiles 6 and 7 (d <= 64: at most two 32-dim steps).
+inline bool amx_resident(int64_t d) { return d <= 64; }
+
+// After amx_configure: the queries' steps into tiles 6 and 7 where they stay for the unit.
+SPECDEC_AMX inline void amx_load_queries(const uint32_t* qt, int64_t d, int64_t pairs) {
+  if (!amx_resident(d)) return;
+  _tile_loadd(6, qt, pairs * 4);
+  if (d > 32) _tile_loadd(7, qt + 16 * pairs, pairs * 4);
+}
+
+// One 32-dim step of block B (keys at kb[B], rows stride[B] bytes apart, through key tile KT) into scores
+// tile B (tile numbers are literal tokens: the intrinsics paste them into their asm).
+#define SPECDEC_AMX_STEP(B, KT, QT)                                              \
+  if (B < blocks) {                                                              \
+    _tile_loadd(KT, static_cast<const char*>(kb[B]) + 64 * step, stride[B]);     \
+    _tile_dpbf16ps(B, KT, QT);                                                   \
   }
+
+// st[256 b + 16 e + p] = pair p's score of key e of block b, for blocks b < ceil(count / 16) <= 4 of 16 keys
+// from `keys` (count keys in all; a last block's lanes past them score 0). Each score is one tile element
+// from zero over the steps in dim order, whatever the block count: the same bits a block alone gets.
+SPECDEC_AMX inline void amx_scores64(const at::BFloat16* keys, int64_t k_row, int64_t count, int64_t d,
+                                     int64_t pairs, const uint32_t* qt, uint16_t* kpad, float* st) {
+  const int blocks = static_cast<int>(std::min<int64_t>(4, (count + 15) / 16));
+  const void* kb[4];
+  int64_t stride[4];
+  for (int b = 0; b < blocks; ++b) {
+    const int64_t left = count - 16 * b;
+    kb[b] = keys + 16 * b * k_row, stride[b] = k_row * 2;
+    if (left < 16) {  // the cache may end with the block: read no row past it
+      for (int64_t e = 0; e < 16; ++e) {
+        if (e < left) std::memcpy(kpad + e * d, keys + (16 * b + e) * k_row, d * 2);
+        else std::memset(kpad + e * d, 0, d * 2);
+      }
+      kb[b] = kpad, stride[b] = d * 2;
+    }
+  }
+  const bool resident = amx_resident(d);
   _tile_zero(0);
+  if (blocks > 1) _tile_zero(1);
+  if (blocks > 2) _tile_zero(2);
+  if (blocks > 3) _tile_zero(3);
   for (int64_t step = 0; step < d / 32; ++step) {
-    _tile_loadd(1, static_cast<const char*>(kb) + 64 * step, stride);
-    _tile_loadd(2, qt + step * 16 * pairs, pairs * 4);
-    _tile_dpbf16ps(0, 1, 2);
+    if (step % 2 == 0) {
+      if (!resident) _tile_loadd(6, qt + step * 16 * pairs, pairs * 4);
+      SPECDEC_AMX_STEP(0, 4, 6) SPECDEC_AMX_STEP(1, 5, 6) SPECDEC_AMX_STEP(2, 4, 6) SPECDEC_AMX_STEP(3, 5, 6)
+    } else {
+      if (!resident) _tile_loadd(7, qt + step * 16 * pairs, pairs * 4);
+      SPECDEC_AMX_STEP(0, 4, 7) SPECDEC_AMX_STEP(1, 5, 7) SPECDEC_AMX_STEP(2, 4, 7) SPECDEC_AMX_STEP(3, 5, 7)
+    }
   }
   _tile_stored(0, st, 64);
+  if (blocks > 1) _tile_stored(1, st + 256, 64);
+  if (blocks > 2) _tile_stored(2, st + 512, 64);
+  if (blocks > 3) _tile_stored(3, st + 768, 64);
+}
+#undef SPECDEC_AMX_STEP
+
+// s[p] lane e = pair p's score of key e of the block stored at st by amx_scores64.
+SPECDEC_AMX inline void amx_block_scores(const float* st, int64_t pairs, __m512* s) {
   __m512 r[16];
   for (int e = 0; e < 16; ++e) r[e] = _mm512_load_ps(st + 16 * e);
   specdec_attention::transpose16(r);
@@ -88,18 +131,38 @@ SPECDEC_AMX inline void amx_scores16(const at::BFloat16* keys, int64_t k_row, in
 // one over exactly the keys the mask leaves. Blocks where ordinal = key (before the pair's first p = 0)
 // share one value tile among the unit's pairs (values re-laid into key pairs once per kv group); the
 // pair's later blocks (a causal or tree tail) gather their value rows by ordinal.
+// A thread's buffer of at least `elems` (kept from call to call: a fresh one of this size is mmapped and
+// page-faulted each time; what it holds is valid only within one call, see PvScratch::relay_g).
+inline uint16_t* relay_buffer(int64_t elems) {
+  thread_local std::vector<uint16_t> buf;
+  if (static_cast<int64_t>(buf.size()) < elems) buf.resize(elems);
+  return buf.data();
+}
+
 struct PvScratch {
   int64_t ostride;                                   // ordinals per pair row: the keys rounded up to 32, + 32
-  std::unique_ptr<uint16_t[]> pb, vp, gather, atile;  // [pairs, ostride] packed p; 2 x [16, 2 x 64] a shared
-                                                     // block's values in key pairs (one pass's dims);
-                                                     // [16, 2d] a gathered block's; [16, 32] shared p
+  std::unique_ptr<uint16_t[]> pb, gather, atile;     // [pairs, ostride] packed p; [16, 2d] a gathered block's
+                                                     // values; [16, 32] shared p
+  // keep (a kv group has several units): relay [blocks of 32 keys][passes][16, 2 x 64] holds the values of
+  // (relay_b, relay_g) in key pairs, a pass's dims a block (pv_relay), blocks [0, relaid) filled, and the
+  // group's next unit on this thread reuses them instead of re-laying them. Else (one unit a group) two
+  // blocks alternate in vp, which stays in L1.
+  bool keep;
+  uint16_t* relay;
+  std::unique_ptr<uint16_t[]> vp;  // 2 x [16, 2 x 64]
+  int64_t relay_b = -1, relay_g = -1, relaid = 0;
   std::unique_ptr<int32_t[]> idx;                    // [pairs, ostride] the key of each ordinal
   std::vector<int64_t> count, shared;                // [pairs] ordinals; those in blocks where ordinal = key
   std::vector<float> sums;                           // [pairs] the sum of the packed p
-  PvScratch(int64_t pairs, int64_t L, int64_t d)
-      : ostride((L + 31) / 32 * 32 + 32), pb(new uint16_t[pairs * ostride]), vp(new uint16_t[2 * 32 * 64]),
-        gather(new uint16_t[32 * d]), atile(new uint16_t[16 * 32]), idx(new int32_t[pairs * ostride]),
-        count(pairs), shared(pairs), sums(pairs) {}
+  PvScratch(int64_t pairs, int64_t L, int64_t d, bool keep_values)
+      : ostride((L + 31) / 32 * 32 + 32), pb(new uint16_t[pairs * ostride]), gather(new uint16_t[32 * d]),
+        atile(new uint16_t[16 * 32]), keep(keep_values), relay(keep ? relay_buffer((L + 31) / 32 * 32 * d) : nullptr),
+        vp(new uint16_t[2 * 32 * 64]), idx(new int32_t[pairs * ostride]), count(pairs), shared(pairs), sums(pairs) {}
+
+  // Where block o's (keys [o, o + 32)) values for the pass from chunk c0 lie in key pairs.
+  uint16_t* block(int64_t o, int64_t c0, int64_t d) const {
+    return keep ? relay + (o / 32) * 32 * d + 512 * c0 : vp.get() + (o / 32 % 2) * 2048;
+  }
 };
 
 // Pair p's probabilities exp(score - top) of its visible keys (attention.cpp's exp, lane by lane), packed
@@ -114,11 +177,17 @@ SPECDEC_AMX inline void pv_pack(const float* scores, int64_t visible, __m512 top
     const __m512 sc = _mm512_mask_loadu_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), lanes, scores + j);
     const __m512 v = specdec_attention::exp16(_mm512_sub_ps(sc, top));
     const __mmask16 nz = _mm512_mask_cmp_ps_mask(lanes, v, _mm512_setzero_ps(), _CMP_NEQ_OQ);
+    const __m512i keys = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(j)),
+                                          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    if (nz == 0xFFFF) {  // every p of the block nonzero (the usual case): the compress is the identity
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb + count), (__m256i)_mm512_cvtneps_pbh(v));
+      _mm512_storeu_si512(idx + count, keys);
+      count += 16;
+      continue;
+    }
     if (run == visible && nz != lanes) run = j + __builtin_ctz(~nz & lanes);
     // bf16 to nearest even (p is 0 or a normal float, >= e^-87)
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb + count), (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_compress_ps(nz, v)));
-    const __m512i keys = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(j)),
-                                          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
     _mm512_storeu_si512(idx + count, _mm512_maskz_compress_epi32(nz, keys));
     count += __builtin_popcount(nz);
   }
@@ -176,6 +245,9 @@ SPECDEC_AMX inline void amx_weigh(const Call<at::BFloat16>& c, const Unit& u, Pv
     shared = std::max(shared, w.shared[p]);
   }
   const at::BFloat16* values = c.values() + u.b * c.v_b + u.g * c.v_g;
+  // a kv group's blocks re-laid by this thread's last unit (of this call) are already in w.relay
+  const int64_t ready = w.keep && w.relay_b == u.b && w.relay_g == u.g ? w.relaid : 0;
+  const auto block = [&](int64_t o, int64_t c0) { return w.block(o, c0, d); };
   pv_configure(pairs);
   for (int64_t c0 = 0; c0 < chunks; c0 += 4) {  // 64 dims a pass: four output tiles
     const int64_t nc = std::min<int64_t>(4, chunks - c0);
@@ -183,9 +255,9 @@ SPECDEC_AMX inline void amx_weigh(const Call<at::BFloat16>& c, const Unit& u, Pv
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
-    // This block's 32 value rows (this pass's dims, in key pairs, in L1) are re-laid one block ahead, into
-    // the other half of vp: a tile load of just-stored bytes waits for the stores, the products do not.
-    if (shared > 0) pv_relay(values, c.v_row, 0, c0, nc, w.vp.get());
+    // A block's 32 value rows (this pass's dims, in key pairs) are re-laid one block ahead: a tile load of
+    // just-stored bytes waits for the stores, the products do not.
+    if (shared > 0 && ready == 0) pv_relay(values, c.v_row, 0, c0, nc, block(0, c0));
     for (int64_t o = 0; o < shared; o += 32) {
       const uint16_t* a = w.pb.get() + o;
       int64_t a_stride = w.ostride * 2;
@@ -198,13 +270,13 @@ SPECDEC_AMX inline void amx_weigh(const Call<at::BFloat16>& c, const Unit& u, Pv
         a = w.atile.get(), a_stride = 64;
       }
       _tile_loadd(4, a, a_stride);
-      const uint16_t* vb = w.vp.get() + (o / 32 % 2) * 2048;
+      const uint16_t* vb = block(o, c0);
       _tile_loadd(5, vb, 64 * nc);
       _tile_dpbf16ps(0, 4, 5);
       if (nc > 1) { _tile_loadd(6, vb + 32, 64 * nc); _tile_dpbf16ps(1, 4, 6); }
       if (nc > 2) { _tile_loadd(5, vb + 64, 64 * nc); _tile_dpbf16ps(2, 4, 5); }
       if (nc > 3) { _tile_loadd(6, vb + 96, 64 * nc); _tile_dpbf16ps(3, 4, 6); }
-      if (o + 32 < shared) pv_relay(values, c.v_row, o + 32, c0, nc, w.vp.get() + (o / 32 % 2 == 0 ? 2048 : 0));
+      if (o + 32 < shared && o + 32 >= ready) pv_relay(values, c.v_row, o + 32, c0, nc, block(o + 32, c0));
     }
     float* out = acc + 16 * c0;
     _tile_stored(0, out, 4 * d);
@@ -212,6 +284,7 @@ SPECDEC_AMX inline void amx_weigh(const Call<at::BFloat16>& c, const Unit& u, Pv
     if (nc > 2) _tile_stored(2, out + 32, 4 * d);
     if (nc > 3) _tile_stored(3, out + 48, 4 * d);
   }
+  w.relay_b = u.b, w.relay_g = u.g, w.relaid = std::max(ready, shared);
   pv_configure(1);  // each pair's own blocks: one row of outputs, probabilities and tile 5's gathered values
   int64_t last = -1, last_o = -1;
   for (int64_t p = 0; p < pairs; ++p) {

@@ -161,3 +161,56 @@ def test_rows_with_vanishing_probabilities_equal_one_row_calls(dtype):
         seen = (mask[0, 0, i] == 0).nonzero()[:, 0]
         alone = attend_rows(q[:, :, i:i + 1], k[:, :, seen], v[:, :, seen])
         assert torch.equal(together[0, i], alone[0, 0]), i
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_key_count_equals_a_longer_cache_masked(dtype):
+    """Keys are scored up to 64 at a time (AMX: four blocks of 16 on tiles at once, a last partial block
+    zero-padded): a call over m keys equals, bitwise, the call over 80 keys with the keys from m hidden."""
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(1, 9, 2, DIM, generator=gen).to(dtype)
+    k, v = (torch.randn(1, 3, 80, DIM, generator=gen).to(dtype) for _ in range(2))
+    for m in range(1, 81):
+        mask = torch.zeros(1, 1, 2, 80)
+        mask[..., m:] = float("-inf")
+        assert torch.equal(attend_rows(q, k[:, :, :m], v[:, :, :m], torch.zeros(1, 1, 2, m)), attend_rows(q, k, v, mask)), m
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_units_of_a_kv_group_reusing_its_values_equal_one_row_calls(dtype):
+    """A kv group's rows over several units on one thread (AMX: the values re-laid into key pairs by one
+    unit serve the group's next units of the call): rows whose shared blocks end early (a hidden run in the
+    first and the last rows), mid-way or late (a causal ramp over 40 rows) equal their one-row calls."""
+    gen = torch.Generator().manual_seed(8)
+    keys, rows = 130, 40
+    q = torch.randn(1, 9, rows, DIM, generator=gen).to(dtype)
+    k, v = (torch.randn(1, 3, keys, DIM, generator=gen).to(dtype) for _ in range(2))
+    mask = torch.zeros(1, 1, rows, keys)
+    for i in range(rows):
+        mask[0, 0, i, keys - rows + i + 1:] = float("-inf")
+    mask[0, 0, :5, 20:50] = float("-inf")
+    mask[0, 0, -5:, 40:60] = float("-inf")
+    alone = [attend_rows(q[:, :, i:i + 1], k, v, mask[:, :, i:i + 1])[0, 0] for i in range(rows)]
+    threads = torch.get_num_threads()
+    try:
+        for num_threads in (1, 2):
+            torch.set_num_threads(num_threads)
+            together = attend_rows(q, k, v, mask)
+            for i in range(rows):
+                assert torch.equal(together[0, i], alone[i]), (num_threads, i)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_call_rereads_values_changed_in_place(dtype):
+    """Each thread keeps its scratch (and AMX's values re-laid into key pairs) from call to call: a cache
+    rewritten in place between two calls of one shape (a rollback, then other tokens) is read afresh."""
+    gen = torch.Generator().manual_seed(9)
+    q = torch.randn(1, 9, 8, DIM, generator=gen).to(dtype)
+    k, v = (torch.randn(1, 3, 300, DIM, generator=gen).to(dtype) for _ in range(2))
+    before = attend_rows(q, k, v)
+    v[:, :, 100:200] = torch.randn(1, 3, 100, DIM, generator=gen).to(dtype)
+    after = attend_rows(q, k, v)
+    assert not torch.equal(before, after)
+    assert torch.equal(after, attend_rows(q, k.clone(), v.clone()))
