@@ -23,6 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from specdec.launch import die_with_parent
+
+    die_with_parent()  # a server spawn() started ends with the process that started it
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)

@@ -35,11 +35,28 @@ METRICS_READY = re.compile(r"metrics on (\S+:\d+)")  # a server's Prometheus end
 PR_SET_PDEATHSIG = 1
 
 
+PARENT_ENV = "SPECDEC_DIE_WITH"  # set by spawn(): the pid whose end should end the spawned server
+
+
 def _die_with_parent() -> None:
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:
         pass
+
+
+def die_with_parent() -> None:
+    """In a process spawn() started: SIGTERM when its parent ends (PR_SET_PDEATHSIG), asked by the child
+    itself as it starts. Not a preexec_fn: with one, subprocess must fork and run Python before exec, gRPC's
+    fork handlers restart its poller in that child, and the poller aborted the child on the epoll descriptor
+    close_fds had just closed (grpc/grpc#43055; seen once: a draft worker dying before its ready line in a
+    full test run). Without one, subprocess spawns by vfork + exec and no fork handler runs."""
+    parent = os.environ.pop(PARENT_ENV, None)  # not inherited by this process's own children
+    if parent is None:
+        return
+    _die_with_parent()
+    if os.getppid() != int(parent):  # the parent ended before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 @dataclass
@@ -73,7 +90,7 @@ def spawn(kind: str, config, env: dict | None = None) -> ServerProcess:
     """Start `specdec serve <kind>` with config's flags; call wait_ready() to learn its address."""
     argv = [sys.executable, "-m", "specdec.cli", "serve", kind, *config_to_argv(config)]
     popen = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                             env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}, preexec_fn=_die_with_parent)
+                             env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {}), PARENT_ENV: str(os.getpid())})
     return ServerProcess(kind, popen, config=config, env=env)
 
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from specdec.core.types import SamplingParams
-from specdec.launch import _die_with_parent
+from specdec.launch import PARENT_ENV
 
 pytestmark = pytest.mark.e2e
 READY = re.compile(r"ready.*?(127\.0\.0\.1:\d+)")
@@ -26,7 +26,7 @@ def serve(args: list[str], timeout_s: float = 150.0):
     """Start `specdec serve ...`; return (process, router address, HTTP API address, {kind: Prometheus
     address}) once it is ready."""
     process = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", *args], stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL, text=True, env=ENV, preexec_fn=_die_with_parent)
+                               stderr=subprocess.DEVNULL, text=True, env={**ENV, PARENT_ENV: str(os.getpid())})
     deadline = time.monotonic() + timeout_s
     for line in process.stdout:  # the stack prints exactly one line on stdout: the ready line
         match = READY.search(line)
