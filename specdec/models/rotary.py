@@ -10,9 +10,11 @@ for the rest of the sequence, and a first generation then differed from the same
 
 Here a table [positions, head_dim] is built once, in float64 from the module's own inverse
 frequencies (`cos(position * inv_freq)` rounded once to the model's dtype: a value no thread split,
-vector width or first call can change), grown by doubling when a forward reaches past it, and
-every forward gathers its rows. Only the plain ("default") rope is replaced; scaled variants, whose
-frequencies depend on the sequence length, keep transformers' module.
+vector width or first call can change), for every position the model states it takes
+(`max_position_embeddings`), and every forward gathers its rows: no host-side look at the positions,
+so a forward stays capturable as a CUDA graph (specdec.graphs). On a CPU a position past the table
+grows it. Only the plain ("default") rope is replaced; scaled variants, whose frequencies depend on
+the sequence length, keep transformers' module.
 """
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ class RotaryTable(torch.nn.Module):
         self.original = original  # kept: its attributes (config, rope_type) stay reachable
         self.register_buffer("inv_freq", original.inv_freq.detach().clone(), persistent=False)
         self.attention_scaling = float(getattr(original, "attention_scaling", 1.0))
+        stated = getattr(getattr(original, "config", None), "max_position_embeddings", None)
+        self.num_positions = int(stated or getattr(original, "max_seq_len_cached", 0) or MIN_POSITIONS)
         self.tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}  # dtype -> (cos, sin) [P, d]
 
     def table(self, num_positions: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,7 +50,11 @@ class RotaryTable(torch.nn.Module):
     @torch.no_grad()
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: any tensor of the forward (its dtype and device); position_ids [B, n] -> cos, sin [B, n, d]."""
-        cos, sin = self.table(int(position_ids.max()) + 1 if position_ids.numel() else 1, x.dtype)
+        cos, sin = self.table(self.num_positions, x.dtype)
+        if position_ids.device.type == "cpu" and position_ids.numel():  # past the stated limit: grow (no sync here)
+            top = int(position_ids.max()) + 1
+            if top > cos.shape[0]:
+                cos, sin = self.table(top, x.dtype)
         index = position_ids.to(device=cos.device, dtype=torch.long)
         return cos[index], sin[index]
 
