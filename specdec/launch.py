@@ -33,16 +33,7 @@ READY = re.compile(r"ready on (\S+:\d+)")
 HTTP_READY = re.compile(r"http on (\S+:\d+)")  # the router's OpenAI-compatible HTTP API, on its ready line
 METRICS_READY = re.compile(r"metrics on (\S+:\d+)")  # a server's Prometheus endpoint (--metrics-port)
 PR_SET_PDEATHSIG = 1
-
-
 PARENT_ENV = "SPECDEC_DIE_WITH"  # set by spawn(): the pid whose end should end the spawned server
-
-
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
 
 
 def die_with_parent() -> None:
@@ -54,7 +45,10 @@ def die_with_parent() -> None:
     parent = os.environ.pop(PARENT_ENV, None)  # not inherited by this process's own children
     if parent is None:
         return
-    _die_with_parent()
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
     if os.getppid() != int(parent):  # the parent ended before the request took effect
         os.kill(os.getpid(), signal.SIGTERM)
 

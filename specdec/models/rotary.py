@@ -41,7 +41,7 @@ class RotaryTable(torch.nn.Module):
         if have is None or have[0].shape[0] < num_positions:
             size = max(MIN_POSITIONS, num_positions, 2 * (have[0].shape[0] if have is not None else 0))
             positions = torch.arange(size, dtype=torch.float64, device=self.inv_freq.device)
-            freqs = positions[:, None] * self.inv_freq.to(torch.float32).to(torch.float64)[None, :]  # [P, d/2]
+            freqs = positions[:, None] * self.inv_freq.double()[None, :]  # [P, d/2]
             angles = torch.cat((freqs, freqs), dim=-1)  # [P, d]: the layout rotate_half expects
             have = ((angles.cos() * self.attention_scaling).to(dtype), (angles.sin() * self.attention_scaling).to(dtype))
             self.tables[dtype] = have
