@@ -61,7 +61,7 @@ def launch(config: TargetConfig) -> int:
     """
     check(config)
     from specdec.device import placement
-    from specdec.launch import _die_with_parent  # children die with their parent
+    from specdec.launch import PARENT_ENV  # ranks die with their parent (specdec.launch.die_with_parent)
 
     device, _ = placement(config.device, config.dtype, config.tp)  # too few GPUs: refused before any rank starts
 
@@ -69,14 +69,13 @@ def launch(config: TargetConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(parallel.free_port()), WORLD_SIZE=str(config.tp),
-               **parallel.rank_env(device.type))
+               **parallel.rank_env(device.type), **{PARENT_ENV: str(os.getpid())})
     cmd = [sys.executable, "-m", "specdec.cli", "serve", "target", *config_to_argv(config)]
     ranks: list[subprocess.Popen] = []
     try:
         for rank in range(config.tp):
             ranks.append(subprocess.Popen(cmd, env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
-                                          stdout=None if rank == 0 else subprocess.DEVNULL,
-                                          preexec_fn=_die_with_parent))
+                                          stdout=None if rank == 0 else subprocess.DEVNULL))
         while not stop.wait(0.1) and all(p.poll() is None for p in ranks):
             pass
         if ranks[0].poll() is None:
