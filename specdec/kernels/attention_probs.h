@@ -1,0 +1,126 @@
+// Row-invariant attention (AVX-512), first half: a unit's scores and probabilities, with the per-thread
+// scratch they live in. Included by attention.cpp inside its unnamed namespace (its using-declarations,
+// KEY_BLOCK, NEG_INF and the AVX512 attribute macro are in scope); not a header for anyone else.
+#pragma once
+
+// Floats on a 64-byte boundary (std::vector<__m512> does not promise it here), viewed as vectors.
+class Vectors {
+ public:
+  explicit Vectors(int64_t count) : raw_(16 * count + 16) {}
+  __m512* data() {
+    const auto at = reinterpret_cast<uintptr_t>(raw_.data());
+    return reinterpret_cast<__m512*>((at + 63) & ~uintptr_t{63});
+  }
+
+ private:
+  std::vector<float> raw_;
+};
+
+// One thread's working memory, reused unit after unit.
+struct Scratch {
+  Vectors kt, top16, st;  // [d] a block of 16 keys across lanes; [pairs] running maxima; [4 x 16] AMX's scores
+  std::vector<float> qf, probs, acc, sums;  // [pairs, d] queries; [pairs, stride] scores, then probabilities;
+                                            // [pairs, d] value accumulators; [pairs] their sums
+  std::vector<int64_t> visible;  // [pairs] keys each pair sees
+  std::vector<uint32_t> qt;      // AMX: [d / 2, pairs] the queries' dims in pairs, transposed
+  std::vector<uint16_t> kpad;    // AMX: [16, d] a last block of fewer than 16 keys, zero-padded
+  Scratch(int64_t pairs, int64_t stride, int64_t d)
+      : kt(d), top16(pairs), st(64), qf(pairs * d), probs(pairs * stride), acc(pairs * d), sums(pairs),
+        visible(pairs), qt(d / 2 * pairs), kpad(16 * d) {
+    std::fill(reinterpret_cast<float*>(st.data()), reinterpret_cast<float*>(st.data()) + 1024, 0.0f);
+  }
+};
+
+// Pair p's raw scores of keys [j, j + 16): scaled, masked, stored into w.probs, and into its running max.
+template <typename T>
+AVX512 inline void take_scores(const Call<T>& c, const Unit& u, Scratch& w, int64_t stride, int64_t j, int64_t p,
+                               __m512 raw) {
+  const int64_t seen = std::min<int64_t>(16, w.visible[p] - j);
+  if (seen <= 0) return;
+  const __mmask16 lanes = seen == 16 ? 0xFFFF : static_cast<__mmask16>((1u << seen) - 1);
+  __m512 sc = _mm512_mul_ps(raw, _mm512_set1_ps(c.scale));
+  if (c.mask != nullptr) {
+    alignas(64) float masked[16];
+    const float* m = c.mask + u.b * c.m_b + (u.row0 + p / u.heads) * c.m_i + j * c.m_j;
+    if (c.m_j != 1)
+      for (int64_t e = 0; e < seen; ++e) masked[e] = m[e * c.m_j];
+    sc = _mm512_add_ps(sc, c.m_j == 1 ? _mm512_maskz_loadu_ps(lanes, m) : _mm512_load_ps(masked));
+  }
+  _mm512_mask_storeu_ps(w.probs.data() + p * stride + j, lanes, sc);
+  __m512* const top16 = w.top16.data();
+  top16[p] = _mm512_mask_max_ps(top16[p], lanes, top16[p], sc);
+}
+
+// Every pair's unnormalized probabilities exp(q . k_j * scale + mask_j - max) into w.probs, zero from its
+// own visible count up to the unit's largest, which is returned (AMX: the scaled scores, and the max).
+template <typename T>
+AVX512 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t stride, bool amx) {
+  const int64_t pairs = u.rows * u.heads, d = c.d;
+  const T* keys = c.keys() + u.b * c.k_b + u.g * c.k_g;
+  __m512* const top16 = w.top16.data();
+  __m512* const kt = w.kt.data();
+  int64_t most = 0;
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int64_t i = u.row0 + p / u.heads, h = u.g * c.group + u.head0 + p % u.heads;
+    const T* qp = c.queries() + u.b * c.q_b + h * c.q_h + i * c.q_i;
+    if (!amx)
+      for (int64_t ch = 0; ch < c.chunks; ++ch) _mm512_storeu_ps(w.qf.data() + p * d + 16 * ch, load16(qp + 16 * ch));
+    w.visible[p] = c.visible(i);
+    top16[p] = _mm512_set1_ps(NEG_INF);
+    most = std::max(most, w.visible[p]);
+  }
+  if constexpr (std::is_same<T, at::BFloat16>::value) {
+    if (amx) {
+      amx_queries(c, u, w.qt.data());
+      amx_configure(pairs);
+      amx_load_queries(w.qt.data(), d, pairs);
+    }
+  }
+  if constexpr (std::is_same<T, at::BFloat16>::value) {
+    // AMX: up to four blocks of 16 keys on tiles at once (independent products in flight), then each
+    // block's scores transposed to pairs and taken
+    for (int64_t j = 0; amx && j < most; j += 64) {
+      float* const st = reinterpret_cast<float*>(w.st.data());
+      amx_scores64(keys + j * c.k_row, c.k_row, most - j, d, pairs, w.qt.data(), w.kpad.data(), st);
+      for (int64_t b = 0; b < 4 && j + 16 * b < most; ++b) {
+        __m512 s[16];
+        amx_block_scores(st + 256 * b, pairs, s);
+        for (int64_t p = 0; p < pairs; ++p) take_scores<T>(c, u, w, stride, j + 16 * b, p, s[p]);
+      }
+    }
+  }
+  for (int64_t j = 0; !amx && j < most; j += 16) {  // 16 keys read (and transposed) once, scored for every pair
+    const int64_t count = std::min<int64_t>(16, most - j);
+    keys_across_lanes<T>(keys + j * c.k_row, c.k_row, count, c.chunks, kt);
+    __m512 s[6];
+    for (int64_t p = 0; p < pairs;) {
+      const int64_t group = std::min<int64_t>(6, pairs - p);
+      const float* q = w.qf.data() + p * d;
+      switch (group) {
+        case 1: scores16<1>(q, d, kt, d, s); break;
+        case 2: scores16<2>(q, d, kt, d, s); break;
+        case 3: scores16<3>(q, d, kt, d, s); break;
+        case 4: scores16<4>(q, d, kt, d, s); break;
+        case 5: scores16<5>(q, d, kt, d, s); break;
+        default: scores16<6>(q, d, kt, d, s); break;
+      }
+      for (int64_t g = 0; g < group; ++g, ++p) take_scores<T>(c, u, w, stride, j, p, s[g]);
+    }
+  }
+  for (int64_t p = 0; p < pairs; ++p) {
+    float* sp = w.probs.data() + p * stride;
+    const int64_t visible = w.visible[p];
+    float top = _mm512_reduce_max_ps(top16[p]);
+    if (top == NEG_INF) top = 0.0f;  // every key hidden: a row of zeros
+    const __m512 topv = top16[p] = _mm512_set1_ps(top);
+    if (amx) continue;  // AMX: amx_weigh takes the exp as it packs the probabilities
+    for (int64_t t = 0; t < visible; t += 16) {  // exp lane by lane: a key's p depends on its score alone
+      const __mmask16 lanes = visible - t >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (visible - t)) - 1);
+      const __m512 sc = _mm512_mask_loadu_ps(_mm512_set1_ps(NEG_INF), lanes, sp + t);
+      _mm512_mask_storeu_ps(sp + t, lanes, exp16(_mm512_sub_ps(sc, topv)));
+    }
+    std::fill(sp + visible, sp + most, 0.0f);  // keys past its own: p = 0, which adds exactly nothing below
+  }
+  return most;
+}
+
