@@ -36,6 +36,7 @@ from specdec.batch_cache import BatchCache
 from specdec.core.tree import DraftTree
 from specdec.core.types import SamplingParams
 from specdec.errors import Unavailable
+from specdec.rpc.server import freeze_heap
 from specdec.sequence import Sequence
 from specdec.step import verify_each
 from target_service.self_draft import open_sequence
@@ -213,6 +214,7 @@ def follow(engine) -> int:
     """Ranks >= 1: replay rank 0's operations until Stop; a dead or hung rank 0 raises instead."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches rank 0 too; it stops us with Stop
     follower = Follower(engine)
+    freeze_heap()  # this rank's model and state live as long as it does
     while True:
         box = [None]
         torch.distributed.broadcast_object_list(box, src=0)
