@@ -65,21 +65,21 @@ def find_matches(context: np.ndarray, config: NgramConfig) -> Iterator[tuple[int
     min_ngram tokens, longest first, then most recent: context[end - n + 1: end + 1] equals the last
     n tokens. Lengths are counted up to max_ngram; the suffix itself is not a match."""
     size = len(context)
-    ends = np.flatnonzero(context[:-1] == context[-1])  # [hits] matches of length >= 1
-    levels = []  # levels[n - 1]: ends of matches of length >= n
-    while len(ends):
-        levels.append(ends)
-        n = len(levels)
+    ends = np.flatnonzero(context[:-1] == context[-1])  # [hits] every match, each of length >= 1
+    lengths = np.zeros(len(ends), dtype=np.int64)  # [hits]
+    alive = np.arange(len(ends))  # hits still matching at length n
+    n = 1
+    while len(alive):
+        lengths[alive] = n
         if n == config.max_ngram:
             break
-        ends = ends[ends >= n]
-        ends = ends[context[ends - n] == context[size - 1 - n]]
-    longer = np.empty(0, dtype=np.int64)
-    for n in range(len(levels), config.min_ngram - 1, -1):
-        exact = np.setdiff1d(levels[n - 1], longer, assume_unique=True)  # sorted ascending
-        for end in exact[::-1]:
-            yield n, int(end)
-        longer = levels[n - 1]
+        alive = alive[ends[alive] >= n]
+        alive = alive[context[ends[alive] - n] == context[size - 1 - n]]
+        n += 1
+    for hit in np.lexsort((-ends, -lengths)):  # longest first, then most recent
+        if lengths[hit] < config.min_ngram:
+            return
+        yield int(lengths[hit]), int(ends[hit])
 
 
 def continuation(context: np.ndarray, end: int, length: int) -> list[int]:
