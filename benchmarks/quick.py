@@ -44,7 +44,7 @@ PROMPTS = [
 METHODS = {  # name -> (drafter, drafter options)
     "plain": ("none", {}),
     "ngram": ("ngram", {}),
-    "ngram-tree": ("ngram", {"num_branches": 3}),
+    "ngram-tree": ("ngram", {"num_branches": 4}),  # as Spec-Bench's (the default ngram is a trie of 3 now)
     "draft": ("draft", {}),
     "draft-tree": ("draft", {"tree_width": 2}),
     "random-draft": ("random", {}),  # an untrained draft: always wrong, so this row shows what adaptivity costs

@@ -41,7 +41,10 @@ def build_drafter(config: DraftConfig):
     if config.drafter == "ngram":
         from specdec.drafters.ngram import NgramConfig, NgramDrafter
 
-        return NgramDrafter(NgramConfig(num_branches=config.tree_width)), "", 0
+        # Scores do not cross the wire (the target sizes a received tree by its one acceptance rate), so the
+        # worker keeps the unscored rule that estimate was tuned on: 2-3-token matches, depth x width nodes.
+        return NgramDrafter(NgramConfig(max_ngram=3, min_ngram=2, num_branches=config.tree_width,
+                                        num_nodes=config.num_speculative_tokens * config.tree_width)), "", 0
     if config.drafter == "suffix":  # its global store of earlier outputs is this worker's own
         from specdec.drafters.suffix import SuffixDrafter
 

@@ -4,7 +4,8 @@ ranks are on GPUs, one process per GPU; gloo on CPUs: `backend_for`).
 transformers splits the target itself (`tp_plan="auto"`: attention heads and MLP columns per rank,
 an all-reduce per layer, a gathered LM head). Every rank runs the same engine loop on the same
 inputs; the only decisions that could differ between ranks are taken once on rank 0 and broadcast:
-how many tokens to draft (timing-based) and, for unseeded sampling, the seed. Drafters run
+how many tokens to draft and how many nodes of a scored tree to verify (both timing-based) and, for
+unseeded sampling, the seed. Drafters run
 replicated (they are small), so every rank verifies the same tree and commits the same tokens.
 """
 from __future__ import annotations

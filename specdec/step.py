@@ -248,7 +248,8 @@ def decode_step(runner: ModelRunner, policy: SpeculationPolicy, pool: BatchCache
     Returns (trees as verified, results, seconds spent drafting)."""
     trees, draft_s = propose_all(entries, plan_all(policy, entries, max_len), agree=parallel.broadcast_int)
     keys = [e.key for e in entries]
-    trees = policy.allocate(keys, trees, [is_sampled(t, e.seq.params.greedy) for t, e in zip(trees, entries)])
+    trees = policy.allocate(keys, trees, [is_sampled(t, e.seq.params.greedy) for t, e in zip(trees, entries)],
+                            agree=parallel.broadcast_int)
     start = time.perf_counter()
     results = verify_each(runner, [e.seq for e in entries], trees, pool, fault)
     policy.record(keys, trees, [r if isinstance(r, StepResult) else None for r in results],

@@ -25,7 +25,8 @@ def reference(plain):
 
 @pytest.mark.parametrize("config", [
     dict(drafter="ngram"),
-    dict(drafter="ngram", num_branches=3),
+    dict(drafter="ngram", num_branches=1),
+    dict(drafter="ngram", num_branches=3, min_ngram=2, num_nodes=24),
     dict(drafter="suffix"),
     dict(drafter="draft"),
     dict(drafter="draft", tree_width=2, num_speculative_tokens=3, adaptive=False),
@@ -50,6 +51,15 @@ def test_prompt_lookup_accepts_on_copy_prompt(smol_path, reference):
     out = Engine.from_pretrained(target=smol_path, drafter="ngram").generate(PROMPTS[0], PARAMS, chat=True)
     assert out.token_ids == reference[0].token_ids
     assert out.stats.num_accepted_tokens > 0 and out.stats.tau > 1.0
+
+
+def test_prompt_lookup_drafts_past_eight_tokens_on_a_long_copy(smol_path, plain):
+    """A long verbatim match is drafted (and accepted) deeper than the old fixed depth of 8, losslessly."""
+    prompt = PROMPTS[0]  # the model repeats the JSON verbatim: 16 tokens in one step
+    want = plain.generate(prompt, PARAMS, chat=True)
+    out = Engine.from_pretrained(target=smol_path, drafter="ngram", adaptive=False).generate(prompt, PARAMS, chat=True)
+    assert out.token_ids == want.token_ids
+    assert len(out.stats.num_accepted_per_pos) > 8  # some step accepted a 9th draft token or more
 
 
 def test_stop_string_and_streaming(plain, reference):

@@ -187,3 +187,23 @@ def test_random_cuts_of_scored_trees_stay_valid_trees():
         order = node_order(tree, 0.5, rng.uniform(0.2, 2.0))
         r = controller.scored_nodes([p for _, p in order])
         keep_nodes(tree, sorted(i for i, _ in order[:r])).validate(n, 64)
+
+
+def test_tensor_parallel_ranks_cut_to_rank_zeros_count():
+    """Under --tp every rank cuts its own copy of the same scored tree, by counts that follow its own
+    timings: `agree` (rank 0's count, broadcast) makes them verify the same nodes, likeliest first."""
+    tree = chain_with_siblings(8, sure=0.95, unsure=0.3)
+    policy = new_policy()
+    run(policy, [tree, tree, tree], chain_accepted, 10)
+    asked = []
+    for count in (3, 0, 5):
+        def rank0(own: int, count=count) -> int:
+            asked.append(own)
+            return count
+        (cut,) = policy.allocate(["s"], [tree], [False], agree=rank0)
+        assert cut.num_nodes == count and sorted(cut.token_ids) == list(range(100, 100 + count))
+    assert len(asked) == 3  # one agreement per scored tree
+    loaded = SpeculationPolicy(PolicyConfig(max_depth=8, load_aware=True))  # the batch budget's R too
+    loaded.add("a"), loaded.add("b")
+    cuts = loaded.allocate(["a", "b"], [tree, tree], [False, False], agree=lambda own: 2)
+    assert [c.num_nodes for c in cuts] == [2, 2]

@@ -49,7 +49,7 @@ class MethodSpec:
 
 METHODS = (
     MethodSpec(BASELINE, "specdec", "plain autoregressive decoding (the baseline of every ratio)", peer="hf-generate"),
-    MethodSpec("ngram", "specdec", "prompt lookup, chain", "ngram", peer="hf-lookup"),
+    MethodSpec("ngram", "specdec", "prompt lookup, scored trie of 3 continuations", "ngram", peer="hf-lookup"),
     MethodSpec("ngram-tree", "specdec", "prompt lookup, trie of 4 continuations", "ngram",
                (("num_branches", 4),), peer="hf-lookup"),
     MethodSpec("suffix", "specdec", "suffix decoding: tries over the request and earlier outputs, "
@@ -132,7 +132,7 @@ def depth_text(num_speculative_tokens: int | None) -> str:
     """A run's depth setting in words, for its report."""
     if num_speculative_tokens is not None:
         return str(num_speculative_tokens)
-    return f"each drafter's default ({DEFAULT_DEPTH}; suffix: its node budget, 16)"
+    return f"each drafter's default ({DEFAULT_DEPTH}; suffix and ngram: their node budget, 16)"
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ def add_parser(subparsers) -> None:
                         "eagle run only where a checkpoint is shipped for the target")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16")
     p.add_argument("--num-speculative-tokens", type=int, default=None,
-                   help="most draft tokens per step (default: each drafter's own; 8, suffix 16)")
+                   help="most draft tokens per step (default: each drafter's own; 8, suffix and ngram 16)")
     p.add_argument("--no-adaptive", action="store_true", help="always draft the maximum")
     p.add_argument("--workloads", nargs="*", default=None, metavar="WORKLOAD",
                    help="run the workload prompts of benchmarks/workloads/ instead of Spec-Bench (no names = all: "

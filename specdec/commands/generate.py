@@ -32,7 +32,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--target", default=None, help="target checkpoint dir (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--draft", default=None, help="draft model checkpoint dir (with --drafter draft)")
     p.add_argument("--num-speculative-tokens", type=int, default=None,
-                   help="most draft tokens per step (default: the drafter's own; 8, suffix 16)")
+                   help="most draft tokens per step (default: the drafter's own; 8, suffix and ngram 16)")
     p.add_argument("--tree-width", type=int, default=1, help="branches per level (1 = a chain)")
     p.add_argument("--no-adaptive", action="store_true", help="always draft the maximum")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16")

@@ -9,7 +9,7 @@ SUFFIX_OPTIONS = {"max_depth", "spec_factor", "min_token_prob", "num_nodes", "gl
 # Options each drafter accepts through Engine.from_pretrained(**drafter_options).
 DRAFTER_OPTIONS = {
     "none": set(),
-    "ngram": {"max_ngram", "min_ngram", "num_branches"},
+    "ngram": {"max_ngram", "min_ngram", "num_branches", "num_nodes"},
     "suffix": SUFFIX_OPTIONS,
     "draft": {"tree_width", "q_top_n"},
     "medusa": {"num_nodes"},

@@ -123,9 +123,12 @@ class SpeculationPolicy:
         depth = max(0, min(depth, self.depth_config.max_depth, limit))
         return DraftBudget(depth, None if nodes >= NO_CAP else nodes)
 
-    def allocate(self, keys: list[str], trees: list[DraftTree], sampled: list[bool]) -> list[DraftTree]:
+    def allocate(self, keys: list[str], trees: list[DraftTree], sampled: list[bool], agree=None) -> list[DraftTree]:
         """The trees one forward verifies. sampled[i]: trees[i] was drawn at random (q given and the
-        sequence samples): cut only to its planned prefix. Others: cut to the batch's best R."""
+        sequence samples): cut only to its planned prefix. Others: cut to the batch's best R.
+        agree(count): where every tensor-parallel rank cuts its own copy (the engine under --tp), rank
+        0's node count for all: counts follow each rank's timings, the order they cut in does not."""
+        agree = agree or (lambda count: count)
         out = [_prefix(t, self.planned.get(k, NO_CAP)) if s else t for k, t, s in zip(keys, trees, sampled)]
         # No batch budget, or a batch of one with adaptive depths (no other sequence's rows to trade against,
         # and the sequence's own controller weighs its costs): trees are sized by their own sequence, as in
@@ -133,9 +136,9 @@ class SpeculationPolicy:
         # against 1.74, 106-133 against 145 tok/s).
         self.batch.alone = len(out) == 1 and self.depth_config.adaptive
         if not self.batch.config.enabled or self.batch.alone:
-            return [t if s else self._own_cut(k, t) for k, t, s in zip(keys, out, sampled)]
+            return [t if s else self._own_cut(k, t, agree) for k, t, s in zip(keys, out, sampled)]
         orders = [node_order(t, self.alpha(k), self.scale(k)) for k, t in zip(keys, out)]
-        best = self.batch.choose([[p for _, p in order] for order in orders], len(out))
+        best = agree(self.batch.choose([[p for _, p in order] for order in orders], len(out)))
         return [t if s else keep_nodes(t, [i for i, _ in order[:best]])
                 for t, s, order in zip(out, sampled, orders)]
 
@@ -165,13 +168,13 @@ class SpeculationPolicy:
             self.pool.record(depth, min(num_accepted, depth), self.depth_config.decay)
 
 
-    def _own_cut(self, key: str, tree: DraftTree) -> DraftTree:
+    def _own_cut(self, key: str, tree: DraftTree, agree) -> DraftTree:
         """A scored tree cut to the nodes its sequence's controller finds worth verifying."""
         seq = self.seqs.get(key)
         if seq is None or tree.scores is None or not tree.num_nodes:
             return tree
         order = node_order(tree, seq.alpha, seq.calibration.scale)
-        return keep_nodes(tree, [i for i, _ in order[:seq.scored_nodes([p for _, p in order])]])
+        return keep_nodes(tree, [i for i, _ in order[:agree(seq.scored_nodes([p for _, p in order]))]])
 
 
 def _prefix(tree: DraftTree, num_nodes: int) -> DraftTree:
