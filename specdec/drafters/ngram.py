@@ -141,8 +141,9 @@ class NgramSession:
         seen: set[tuple[int, ...]] = set()
         for match_len, end in find_matches(context, self.config):
             cont = continuation(context, end, length)
-            if tuple(cont) not in seen:
-                seen.add(tuple(cont))
+            key = tuple(cont)
+            if key not in seen:
+                seen.add(key)
                 candidates.append((match_len, cont))
                 if len(candidates) == self.config.num_branches:
                     break
