@@ -30,6 +30,7 @@ from specdec.core.tree import DraftTree, TreeLayout, tree_layout
 from specdec.models.runner import ModelRunner
 from specdec.policy import SpeculationPolicy, is_sampled
 from specdec.sequence import Sequence, StepResult
+from specdec.step_pack import causal_runs as _causal_runs, pack as _pack
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,8 @@ def verify_step(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree
         ids, bias, positions = _pack(runner, seqs, trees, layouts, cache_lens, _causal_runs(runner, cache, layouts))
         hidden = runner.forward_batch(ids, cache, bias, positions)  # [B, N, hidden]
         num_rows = [layout.num_rows for layout in layouts]
-        flat = torch.cat([hidden[i, :n] for i, n in enumerate(num_rows)])  # [sum rows, hidden]
+        # flat [sum rows, hidden]: one sequence's rows as they are (no padding rows, no copy)
+        flat = hidden[0, :num_rows[0]] if len(seqs) == 1 else torch.cat([hidden[i, :n] for i, n in enumerate(num_rows)])
         verdicts = _verdicts(seqs, trees, layouts, runner.logits(flat), num_rows)
         if times is not None:
             times.forward_end = time.monotonic()
@@ -129,49 +131,6 @@ def _verdicts(seqs: list[Sequence], trees: list[DraftTree], layouts: list[TreeLa
         verdicts.append(seq.verify(tree, layout, rows, None if argmax is None else argmax[offset:offset + n]))
         offset += n
     return verdicts
-
-
-def _causal_runs(runner: ModelRunner, cache, layouts: list[TreeLayout]) -> bool:
-    """Whether this step's mask is plain causal attention and the forward can take it as None: one
-    sequence whose draft is a chain (or nothing: plain decoding), on the lean forward, whose causal
-    rule (row i sees the cache and rows <= i) hides exactly the keys the additive mask would. Building
-    the [1, 1, N, L + N] mask cost ~0.1 ms of a ~9 ms plain step."""
-    if len(layouts) != 1 or runner.lean is None or not runner.lean.runs(cache, layouts[0].num_rows):
-        return False
-    if runner.graphs is not None and runner.graphs.active:
-        return False
-    return layouts[0].is_chain  # node i's parent is node i - 1 (an empty tree too)
-
-
-def _pack(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree], layouts: list[TreeLayout],
-          cache_lens: list[int], causal: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """ids [B, N], bias [B, 1, N, L + N] (None where `causal`: see _causal_runs), positions [B, N] for one
-    padded verify forward, on the model's device. The per-sequence pieces (tokens, depths, tree masks:
-    host data) are laid out on the host and copied over once; the cache part of the mask is made on the device."""
-    if causal:
-        (seq,), (draft,), (length,) = seqs, trees, cache_lens
-        ids = torch.tensor([[seq.context[-1], *draft.token_ids]], device=runner.device)
-        return ids, None, torch.arange(length, length + ids.shape[1], device=runner.device)[None, :]
-    num_rows = [layout.num_rows for layout in layouts]
-    max_len, max_rows, batch = max(cache_lens), max(num_rows), len(seqs)
-    ids = torch.zeros(batch, max_rows, dtype=torch.long, device="cpu")
-    depths = torch.zeros(batch, max_rows, dtype=torch.long, device="cpu")
-    tree = torch.eye(max_rows, dtype=torch.bool, device="cpu").repeat(batch, 1, 1)  # [B, N, N] padding: itself
-    for i, (seq, draft, layout) in enumerate(zip(seqs, trees, layouts)):
-        n = num_rows[i]
-        ids[i, :n] = torch.tensor([seq.context[-1], *draft.token_ids], device="cpu")
-        depths[i, :n] = torch.tensor(layout.depths, device="cpu")
-        tree[i, :n, :n] = layout.mask
-    device = runner.device
-    lens = torch.tensor(cache_lens, dtype=torch.long, device="cpu")
-    real = torch.arange(max_rows, device="cpu")[None, :] < torch.tensor(num_rows, device="cpu")[:, None]  # [B, N]
-    ids, depths, tree, lens, real = (t.to(device, non_blocking=True) for t in (ids, depths, tree, lens, real))
-    positions = depths + lens[:, None]  # padding rows: at the sequence's length, depth 0
-    sees_cache = torch.arange(max_len, device=device)[None, :] < lens[:, None]  # [B, L]
-    allowed = torch.cat([sees_cache[:, None, :] & real[:, :, None], tree], dim=2)  # [B, N, L + N]
-    bias = torch.zeros(batch, 1, max_rows, max_len + max_rows, dtype=runner.dtype, device=device)
-    bias.masked_fill_(~allowed[:, None], torch.finfo(runner.dtype).min)
-    return ids, bias, positions
 
 
 @dataclass

@@ -118,8 +118,8 @@ class MedusaSession:
         if ready is None or ready.hidden is not hidden or ready.top.shape[0] < shape.num_heads:
             ready = d.guesses([hidden], shape.num_heads)[0]
         top = ready.top[:shape.num_heads]  # [heads used, R]
-        candidates = d.vocab_ids[top].flatten().tolist()  # [heads used * R] target token ids
-        tokens = tuple(candidates[i] for i in shape.picks)
+        candidates = top.flatten().tolist()  # [heads used * R] indices into the reduced vocabulary
+        tokens = tuple(d.vocab_list[candidates[i]] for i in shape.picks)  # target token ids
         if not with_scores:
             return DraftTree(tokens, shape.parents, None)
         probs = ready.probs[:shape.num_heads].flatten().tolist()  # [heads used * R]
@@ -158,6 +158,7 @@ class MedusaDrafter:
         device = target_head_weight.device  # the heads run where the target's features are
         self.heads = heads.to(device)
         self.vocab_ids = vocab_ids.to(device)  # [V'] the reduced vocabulary
+        self.vocab_list = vocab_ids.tolist()  # the same on the host: a draft maps its few picks in Python
         self.head_weight = target_head_weight[self.vocab_ids].contiguous()  # [V', H] rows of the target's LM head
         self.config = config
         self.paths = list(config.tree_paths[:num_nodes] if num_nodes > 0 else config.tree_paths)
@@ -192,7 +193,8 @@ class MedusaDrafter:
         weight: in a batch of n sequences the heads' and the reduced LM head's weights (~12 MB in
         bf16 for SmolLM2) stream once instead of n times. specdec's kernel computes each row alone
         (row-invariant), so a sequence's guesses are the same bits with or without the others."""
-        logits = self.lm_rows(self.features(torch.stack(hiddens), num_heads))  # [n, heads, V']
+        rows = hiddens[0][None] if len(hiddens) == 1 else torch.stack(hiddens)  # [n, H]
+        logits = self.lm_rows(self.features(rows, num_heads))  # [n, heads, V']
         top = torch.topk(logits, self.max_rank + 1, dim=-1).indices  # [n, heads, R]
         probs = torch.softmax(logits.float(), dim=-1).gather(2, top)  # [n, heads, R]
         return [HeadGuesses(h, t, p) for h, t, p in zip(hiddens, top, probs)]
