@@ -156,9 +156,21 @@ class LeanStack {
     specdec_team::Barrier barrier;
   };
 
+  // act = silu(gate) * up over rows [begin, end), by ATen's own kernels (their roundings; silu's exp is
+  // Sleef's), each part its own rows: a row's elements take the same inner loop whichever rows share the
+  // call (gate's rows are not contiguous with each other, so ATen never runs one loop across rows).
+  // InferenceMode: on a team thread, which has none of the caller's, act (an inference tensor when the
+  // caller is in inference mode) may be written in place.
+  static void silu_times_up(Plan& p, int64_t begin, int64_t end) {
+    if (begin >= end) return;
+    c10::InferenceMode guard;
+    torch::Tensor act = p.act.narrow(0, begin, end - begin);
+    at::silu_out(act, p.gate.narrow(0, begin, end - begin));
+    act.mul_(p.up.narrow(0, begin, end - begin));
+  }
+
   // Part `part` of `parts` of every layer. Products and attention are split between the parts, norms,
-  // residual adds and rotary by rows; silu * up (ATen's own kernels, for their exact roundings) runs on the
-  // calling thread, part 0. A barrier wherever a step reads what other parts wrote.
+  // residual adds, rotary and silu * up by rows. A barrier wherever a step reads what other parts wrote.
   void run(Plan& p, int64_t part, int64_t parts) {
     using namespace specdec_parts;
     const int64_t M = p.B * p.n, elem = p.bf16 ? 2 : 4;
@@ -207,10 +219,7 @@ class LeanStack {
                    p.gate_up.data_ptr(), false, part, parts);
       rowgemm_prefetch_part(p.bf16, w.down.data_ptr(), inter_, w.down.size(0), part, parts);
       p.barrier.wait();
-      if (part == 0) {
-        at::silu_out(p.act, p.gate);
-        p.act.mul_(p.up);
-      }
+      silu_times_up(p, row0, row1);
       p.barrier.wait();
       rowgemm_part(p.bf16, p.act.data_ptr(), M, inter_, w.down.data_ptr(), w.down.size(0), hidden_, y, false, part,
                    parts);
