@@ -76,9 +76,12 @@ AVX512 void unit_weigh(const Call<T>& c, const Unit& u, Scratch& w, int64_t stri
     for (int64_t p = 0; p < pairs;) {
       const int64_t left = pairs - p;
       const float* probs = w.probs.data() + p * stride;
-#define WEIGH(CH, GB) \
-  weigh_block<T, CH, GB>(probs, stride, values, c.v_row, j0, j1, w.acc.data() + p * d, d, w.sums.data() + p); \
-  p += GB;                                                                                                   \
+#define WEIGH(CH, GB)                                                                                          \
+  if (none_zero(probs, stride, GB, j0, j1))                                                                    \
+    weigh_block<T, CH, GB, true>(probs, stride, values, c.v_row, j0, j1, w.acc.data() + p * d, d, w.sums.data() + p, p ? 0 : most); \
+  else                                                                                                         \
+    weigh_block<T, CH, GB, false>(probs, stride, values, c.v_row, j0, j1, w.acc.data() + p * d, d, w.sums.data() + p, p ? 0 : most); \
+  p += GB;                                                                                                     \
   continue
       if (c.chunks == 4 && left >= 6) { WEIGH(4, 6); }
       if (c.chunks == 4 && left == 5) { WEIGH(4, 5); }

@@ -91,7 +91,7 @@ AVX512 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t s
   }
   for (int64_t j = 0; !amx && j < most; j += 16) {  // 16 keys read (and transposed) once, scored for every pair
     const int64_t count = std::min<int64_t>(16, most - j);
-    keys_across_lanes<T>(keys + j * c.k_row, c.k_row, count, c.chunks, kt);
+    keys_across_lanes<T>(keys + j * c.k_row, c.k_row, count, c.chunks, kt, most - j);
     __m512 s[6];
     for (int64_t p = 0; p < pairs;) {
       const int64_t group = std::min<int64_t>(6, pairs - p);

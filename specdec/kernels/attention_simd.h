@@ -86,9 +86,20 @@ SPECDEC_AVX512 inline __attribute__((always_inline)) void transpose16(__m512* r)
   }
 }
 
-// A block of keys across lanes: kt[dd] lane e = k[e][dd] for keys e < count (count <= 16; lanes past it 0).
+// One row of `bytes` into L1, a line at a time: a key or value row some blocks ahead, asked for a row per
+// row worked on (a whole block asked at once filled the line-fill buffers and stalled the loop).
 template <typename T>
-SPECDEC_AVX512 void keys_across_lanes(const T* k, int64_t k_row, int64_t count, int64_t chunks, __m512* kt) {
+SPECDEC_AVX512 inline void prefetch_row(const T* row, int64_t bytes) {
+  for (int64_t at = 0; at < bytes; at += 64) _mm_prefetch(reinterpret_cast<const char*>(row) + at, _MM_HINT_T0);
+}
+
+// A block of keys across lanes: kt[dd] lane e = k[e][dd] for keys e < count (count <= 16; lanes past it 0).
+// ahead: that many keys on from k are there to prefetch (the block AHEAD keys on, row by row).
+template <typename T>
+SPECDEC_AVX512 void keys_across_lanes(const T* k, int64_t k_row, int64_t count, int64_t chunks, __m512* kt,
+                                      int64_t ahead) {
+  constexpr int64_t AHEAD = 64;
+  for (int e = 0; e < 16 && e + AHEAD < ahead; ++e) prefetch_row(k + (e + AHEAD) * k_row, chunks * 16 * int64_t{sizeof(T)});
   for (int64_t c = 0; c < chunks; ++c) {
     __m512 r[16];
     for (int e = 0; e < 16; ++e) r[e] = e < count ? load16(k + e * k_row + 16 * c) : _mm512_setzero_ps();
@@ -119,12 +130,27 @@ SPECDEC_AVX512 inline __attribute__((always_inline)) void scores16(const float* 
   for (int g = 0; g < G; ++g) s[g] = _mm512_add_ps(_mm512_add_ps(a[g][0], a[g][1]), _mm512_add_ps(a[g][2], a[g][3]));
 }
 
+// Whether none of G pairs' probabilities of keys [j0, j1) is 0 (probs: G rows, stride apart).
+SPECDEC_AVX512 inline bool none_zero(const float* probs, int64_t stride, int64_t G, int64_t j0, int64_t j1) {
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t j = j0; j < j1; j += 16) {
+      const __mmask16 lanes = j1 - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (j1 - j)) - 1);
+      const __m512 p = _mm512_maskz_loadu_ps(lanes, probs + g * stride + j);
+      if (_mm512_mask_cmp_ps_mask(lanes, p, _mm512_setzero_ps(), _CMP_EQ_OQ) != 0) return false;
+    }
+  return true;
+}
+
 // Keys [j0, j1) into GB pairs' running sums and value accumulators (acc: GB rows of acc_stride floats),
 // CH chunks of 16: each pair's chain is the one it runs alone (a masked FMA skips p = 0; adding p = +0
 // to the sum changes nothing), the pairs interleaved so each value row is loaded once for all of them.
-template <typename T, int CH, int GB>
+// DENSE: the caller saw no p = 0 in the block, so every mask would be all ones and plain FMAs give the
+// same bits without the per-key test (most blocks: only a causal row's last keys and far tails are 0).
+// ahead: prefetch value row j + KEY_AHEAD while weighing row j, for rows before `ahead` (0: none).
+template <typename T, int CH, int GB, bool DENSE>
 SPECDEC_AVX512 void weigh_block(const float* probs, int64_t stride, const T* v, int64_t v_row, int64_t j0, int64_t j1,
-                        float* acc, int64_t acc_stride, float* sums) {
+                        float* acc, int64_t acc_stride, float* sums, int64_t ahead) {
+  constexpr int64_t KEY_AHEAD = 64;
   __m512 a[GB][CH];
   float sum[GB];
   for (int g = 0; g < GB; ++g) {
@@ -134,13 +160,18 @@ SPECDEC_AVX512 void weigh_block(const float* probs, int64_t stride, const T* v, 
   for (int64_t j = j0; j < j1; ++j) {
     __m512 vv[CH];
     const T* vj = v + j * v_row;
+    if (j + KEY_AHEAD < ahead) prefetch_row(vj + KEY_AHEAD * v_row, CH * 16 * int64_t{sizeof(T)});
     for (int c = 0; c < CH; ++c) vv[c] = load16(vj + 16 * c);
     for (int g = 0; g < GB; ++g) {
       const float p = probs[g * stride + j];
       sum[g] += p;
-      const __mmask16 seen = p != 0.0f ? 0xFFFF : 0;
       const __m512 pv = _mm512_set1_ps(p);
-      for (int c = 0; c < CH; ++c) a[g][c] = _mm512_mask3_fmadd_ps(pv, vv[c], a[g][c], seen);
+      if (DENSE) {
+        for (int c = 0; c < CH; ++c) a[g][c] = _mm512_fmadd_ps(pv, vv[c], a[g][c]);
+      } else {
+        const __mmask16 seen = p != 0.0f ? 0xFFFF : 0;
+        for (int c = 0; c < CH; ++c) a[g][c] = _mm512_mask3_fmadd_ps(pv, vv[c], a[g][c], seen);
+      }
     }
   }
   for (int g = 0; g < GB; ++g) {

@@ -14,26 +14,13 @@
 #include <cstdint>
 #include <vector>
 
+#include "layer_rows.h"
 #include "parts.h"
 #include "team_barrier.h"
 
 namespace {
 
 constexpr int64_t MAX_HEAD_DIM = 256;  // attention.cpp's limit too
-
-// transformers' apply_rotary_pos_emb on one head's vector, in place: x * cos + rotate_half(x) * sin,
-// each product and the sum rounded to T (as the three tensor ops round them).
-template <typename T>
-inline void rotate(T* x, const T* cos, const T* sin, int64_t d, T* tmp) {
-  const int64_t half = d / 2;
-  for (int64_t j = 0; j < d; ++j) tmp[j] = x[j];
-  for (int64_t j = 0; j < d; ++j) {
-    const T turned = j < half ? static_cast<T>(-tmp[j + half]) : tmp[j - half];
-    const T a = static_cast<T>(tmp[j] * cos[j]);
-    const T b = static_cast<T>(turned * sin[j]);
-    x[j] = static_cast<T>(a + b);
-  }
-}
 
 // Rows [begin, end) of qkv [B*n, width]: q heads from column 0 rotated in place; k heads (from k_col)
 // rotated and, with the v heads (from v_col), written to keys / values [B, kv_heads, capacity, d] at column
@@ -42,16 +29,16 @@ template <typename T>
 void rotate_rows(T* qkv, int64_t width, int64_t n, int64_t heads, int64_t kv_heads, int64_t d, int64_t k_col,
                  int64_t v_col, const T* cd, const T* sd, T* kd, T* vd, int64_t capacity, int64_t start,
                  int64_t begin, int64_t end) {
-  T tmp[MAX_HEAD_DIM];
+  const specdec_rows::Isa isa = specdec_rows::best_isa();
   for (int64_t m = begin; m < end; ++m) {
     const int64_t b = m / n, i = m % n;
     T* row = qkv + m * width;
     const T* c = cd + m * d;
     const T* s = sd + m * d;
-    for (int64_t h = 0; h < heads; ++h) rotate<T>(row + h * d, c, s, d, tmp);
+    for (int64_t h = 0; h < heads; ++h) specdec_rows::rotate<T>(row + h * d, c, s, d, isa);
     for (int64_t g = 0; g < kv_heads; ++g) {
       T* k = row + k_col + g * d;
-      rotate<T>(k, c, s, d, tmp);
+      specdec_rows::rotate<T>(k, c, s, d, isa);
       const int64_t slot = ((b * kv_heads + g) * capacity + start + i) * d;
       std::copy(k, k + d, kd + slot);
       std::copy(row + v_col + g * d, row + v_col + (g + 1) * d, vd + slot);
@@ -59,18 +46,16 @@ void rotate_rows(T* qkv, int64_t width, int64_t n, int64_t heads, int64_t kv_hea
   }
 }
 
-// x + y into y over `count` elements (transformers' residual add: one rounding per element, either order
-// gives the same bits).
-template <typename T>
-void add_into(const T* x, T* y, int64_t count) {
-  for (int64_t j = 0; j < count; ++j) y[j] = static_cast<T>(x[j] + y[j]);
-}
-
+// x + y into y over rows [begin, end) of [rows, H] (transformers' residual add: one rounding per element,
+// either order gives the same bits).
 void add_rows(bool bf16, const void* x, void* y, int64_t H, int64_t begin, int64_t end) {
+  const specdec_rows::Isa isa = specdec_rows::best_isa();
   if (bf16)
-    add_into(static_cast<const at::BFloat16*>(x) + begin * H, static_cast<at::BFloat16*>(y) + begin * H, (end - begin) * H);
+    specdec_rows::add_into(static_cast<const at::BFloat16*>(x) + begin * H, static_cast<at::BFloat16*>(y) + begin * H,
+                           (end - begin) * H, isa);
   else
-    add_into(static_cast<const float*>(x) + begin * H, static_cast<float*>(y) + begin * H, (end - begin) * H);
+    specdec_rows::add_into(static_cast<const float*>(x) + begin * H, static_cast<float*>(y) + begin * H,
+                           (end - begin) * H, isa);
 }
 
 // Weights of one decoder layer, packed for rowgemm (specdec/kernels/packing.py).
@@ -171,9 +156,21 @@ class LeanStack {
     specdec_team::Barrier barrier;
   };
 
+  // act = silu(gate) * up over rows [begin, end), by ATen's own kernels (their roundings; silu's exp is
+  // Sleef's), each part its own rows: a row's elements take the same inner loop whichever rows share the
+  // call (gate's rows are not contiguous with each other, so ATen never runs one loop across rows).
+  // InferenceMode: on a team thread, which has none of the caller's, act (an inference tensor when the
+  // caller is in inference mode) may be written in place.
+  static void silu_times_up(Plan& p, int64_t begin, int64_t end) {
+    if (begin >= end) return;
+    c10::InferenceMode guard;
+    torch::Tensor act = p.act.narrow(0, begin, end - begin);
+    at::silu_out(act, p.gate.narrow(0, begin, end - begin));
+    act.mul_(p.up.narrow(0, begin, end - begin));
+  }
+
   // Part `part` of `parts` of every layer. Products and attention are split between the parts, norms,
-  // residual adds and rotary by rows; silu * up (ATen's own kernels, for their exact roundings) runs on the
-  // calling thread, part 0. A barrier wherever a step reads what other parts wrote.
+  // residual adds, rotary and silu * up by rows. A barrier wherever a step reads what other parts wrote.
   void run(Plan& p, int64_t part, int64_t parts) {
     using namespace specdec_parts;
     const int64_t M = p.B * p.n, elem = p.bf16 ? 2 : 4;
@@ -222,10 +219,7 @@ class LeanStack {
                    p.gate_up.data_ptr(), false, part, parts);
       rowgemm_prefetch_part(p.bf16, w.down.data_ptr(), inter_, w.down.size(0), part, parts);
       p.barrier.wait();
-      if (part == 0) {
-        at::silu_out(p.act, p.gate);
-        p.act.mul_(p.up);
-      }
+      silu_times_up(p, row0, row1);
       p.barrier.wait();
       rowgemm_part(p.bf16, p.act.data_ptr(), M, inter_, w.down.data_ptr(), w.down.size(0), hidden_, y, false, part,
                    parts);

@@ -6,6 +6,9 @@ int64_t cpu_isa();                                                              
 torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, c10::optional<torch::Tensor> mask,
                      double scale);                                       // attention.cpp
 torch::Tensor rmsnorm(torch::Tensor x, torch::Tensor weight, double eps);  // norm.cpp
+int64_t rows_isa();                                                       // rows.cpp
+torch::Tensor rotary(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, int64_t isa);  // rows.cpp
+torch::Tensor residual_add(torch::Tensor x, torch::Tensor y, int64_t isa);                 // rows.cpp
 void bind_lean(pybind11::module& m);                                      // layer.cpp: LeanStack
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -13,5 +16,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend", &attend, "row-invariant attention: q [B, H, n, d], k / v [B, kv_heads, L, d] -> [B, n, H, d]");
   m.def("rmsnorm", &rmsnorm, "RMSNorm row by row: x [..., H], weight [H] -> like x");
   m.def("cpu_isa", &cpu_isa, "0 scalar, 1 AVX2, 2 AVX-512, 3 AVX-512 with BF16, 4 that and AMX-BF16 tiles");
+  m.def("rows_isa", &rows_isa, "the lean forward's element-wise path: 0 scalar, 1 AVX2, 2 AVX-512");
+  m.def("rotary", &rotary, "x [R, heads, d] * cos + rotate_half(x) * sin, cos / sin [R, d], by the named path");
+  m.def("residual_add", &residual_add, "x + y as the lean forward adds a residual, by the named path");
   bind_lean(m);
 }

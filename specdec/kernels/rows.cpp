@@ -1,0 +1,56 @@
+// Tensor entry points to layer_rows.h's element-wise steps, for tests: each path (scalar, AVX2, AVX-512)
+// is asked for by name, so a test can hold every one the CPU runs to torch's own ops bit for bit.
+#include <torch/extension.h>
+
+#include "layer_rows.h"
+
+namespace {
+
+specdec_rows::Isa checked(int64_t isa) {
+  TORCH_CHECK(isa >= 0 && isa <= specdec_rows::best_isa(), "rows: isa ", isa, " is not run by this CPU");
+  return static_cast<specdec_rows::Isa>(isa);
+}
+
+}  // namespace
+
+// The widest path layer.cpp runs here: 0 scalar, 1 AVX2, 2 AVX-512.
+int64_t rows_isa() { return specdec_rows::best_isa(); }
+
+// x [R, heads, d] (d even), cos / sin [R, d], contiguous, float32 or bfloat16 -> x rotated (a new tensor):
+// x * cos + rotate_half(x) * sin per head, as layer.cpp rotates q and k.
+torch::Tensor rotary(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, int64_t isa) {
+  TORCH_CHECK(x.dim() == 3 && cos.dim() == 2 && x.size(0) == cos.size(0) && x.size(2) == cos.size(1) &&
+                  cos.sizes() == sin.sizes() && x.size(2) % 2 == 0 && x.scalar_type() == cos.scalar_type() &&
+                  x.scalar_type() == sin.scalar_type(),
+              "rotary: x [R, heads, d] with d even, cos / sin [R, d] of x's dtype");
+  const specdec_rows::Isa path = checked(isa);
+  auto out = x.contiguous().clone();
+  auto c = cos.contiguous(), s = sin.contiguous();
+  const int64_t R = x.size(0), heads = x.size(1), d = x.size(2);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t h = 0; h < heads; ++h) {
+      if (x.scalar_type() == at::kBFloat16)
+        specdec_rows::rotate<at::BFloat16>(out.data_ptr<at::BFloat16>() + (r * heads + h) * d,
+                                           c.data_ptr<at::BFloat16>() + r * d, s.data_ptr<at::BFloat16>() + r * d, d,
+                                           path);
+      else
+        specdec_rows::rotate<float>(out.data_ptr<float>() + (r * heads + h) * d, c.data_ptr<float>() + r * d,
+                                    s.data_ptr<float>() + r * d, d, path);
+    }
+  return out;
+}
+
+// x + y (same shape and dtype, float32 or bfloat16) as layer.cpp adds a residual.
+torch::Tensor residual_add(torch::Tensor x, torch::Tensor y, int64_t isa) {
+  TORCH_CHECK(x.sizes() == y.sizes() && x.scalar_type() == y.scalar_type() &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "residual_add: x, y of one shape and dtype, float32 or bfloat16");
+  const specdec_rows::Isa path = checked(isa);
+  auto xc = x.contiguous();
+  auto out = y.contiguous().clone();
+  if (x.scalar_type() == at::kBFloat16)
+    specdec_rows::add_into(xc.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(), out.numel(), path);
+  else
+    specdec_rows::add_into(xc.data_ptr<float>(), out.data_ptr<float>(), out.numel(), path);
+  return out;
+}
