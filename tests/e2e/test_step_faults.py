@@ -39,10 +39,18 @@ class InjectedFault(RuntimeError):
 
 
 class Faults:
-    """The hook: raise at `point` once `after` calls have passed, for steps holding `victim` (any if None)."""
+    """The hook: raise at `point` once `after` calls have passed, for steps holding `victim` (any if None).
 
-    def __init__(self, point: str, after: int, victim: str | None = None):
-        self.point, self.after, self.victim, self.calls = point, after, victim, 0
+    batch_of: the first fault waits for a step of that many sequences, and until then each smaller step
+    is slowed by SOLO_DELAY_S, so the others' admissions (handled between steps) catch up. On a loaded
+    CI machine one stream's Admit can reach the worker several steps after the other's, and the fault
+    then hit the victim alone, which is not the case under test."""
+
+    SOLO_DELAY_S = 0.05
+
+    def __init__(self, point: str, after: int, victim: str | None = None, batch_of: int = 0):
+        self.point, self.after, self.victim, self.batch_of, self.calls = point, after, victim, batch_of, 0
+        self.fired = False
         self.seen: list[list[str]] = []
 
     def __call__(self, point: str, seq_ids: list[str]) -> None:
@@ -50,7 +58,11 @@ class Faults:
             return
         self.seen.append(list(seq_ids))
         self.calls += 1
+        if not self.fired and len(seq_ids) < self.batch_of:
+            time.sleep(self.SOLO_DELAY_S)
+            return
         if self.calls > self.after and (self.victim is None or self.victim in seq_ids):
+            self.fired = True
             raise InjectedFault(f"injected fault at {point}")
 
 
@@ -103,7 +115,7 @@ def run_both(stub) -> dict:
 
 
 def test_a_failing_step_fails_only_its_sequence(target, reference):
-    faults = Faults("verify", after=6, victim="bad")
+    faults = Faults("verify", after=6, victim="bad", batch_of=2)
     worker, address = target(faults)
     with grpc.insecure_channel(address) as channel:
         results = run_both(target_pb2_grpc.TargetWorkerStub(channel))
