@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.core.sampling import WarpedRows, greedy_ids, make_generator, step_seed
+from specdec.core.sampling import WarpedRows, make_generator, step_seed
 from specdec.core.tree import DraftTree, TreeLayout
 from specdec.core.types import SamplingParams
 from specdec.core.verify import VerifyResult, verify_greedy, verify_sampling
@@ -113,7 +113,7 @@ class Sequence:
         """logits: [rows, vocab] of the verify forward over [root] + tree (on the model's device);
         argmax: their argmax per row, already on the host (the step copies a batch's at once)."""
         if self.params.greedy:
-            return verify_greedy(tree, layout, greedy_ids(logits).tolist() if argmax is None else argmax)
+            return verify_greedy(tree, layout, self.runner.greedy_ids(logits).tolist() if argmax is None else argmax)
         q = tree.q
         if q is not None and q.device != logits.device:  # a draft from the wire or another device's drafter
             tree = dataclasses.replace(tree, q=q.to(logits.device, non_blocking=True))

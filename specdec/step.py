@@ -25,7 +25,6 @@ import torch
 
 from specdec import parallel
 from specdec.batch_cache import BatchCache
-from specdec.core.sampling import greedy_ids
 from specdec.core.tree import DraftTree, TreeLayout, tree_layout
 from specdec.models.runner import ModelRunner
 from specdec.policy import SpeculationPolicy, is_sampled
@@ -77,7 +76,7 @@ def verify_step(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree
         num_rows = [layout.num_rows for layout in layouts]
         # flat [sum rows, hidden]: one sequence's rows as they are (no padding rows, no copy)
         flat = hidden[0, :num_rows[0]] if len(seqs) == 1 else torch.cat([hidden[i, :n] for i, n in enumerate(num_rows)])
-        verdicts = _verdicts(seqs, trees, layouts, runner.logits(flat), num_rows)
+        verdicts = _verdicts(runner, seqs, trees, layouts, runner.logits(flat), num_rows)
         if times is not None:
             times.forward_end = time.monotonic()
         if fault is not None:
@@ -119,12 +118,12 @@ def verify_each(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree
     return [verify_each(runner, [seq], [tree], pool, fault, times)[0] for seq, tree in zip(seqs, trees)]
 
 
-def _verdicts(seqs: list[Sequence], trees: list[DraftTree], layouts: list[TreeLayout], logits: torch.Tensor,
-              num_rows: list[int]) -> list:
+def _verdicts(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree], layouts: list[TreeLayout],
+              logits: torch.Tensor, num_rows: list[int]) -> list:
     """Each sequence's verdict from logits [sum rows, vocab] (on the model's device). Greedy rows
     come to the host in one copy for the whole step (argmax [sum rows]); the tree walks then read
     host lists, with no device sync per node."""
-    argmax = greedy_ids(logits).tolist() if any(s.params.greedy for s in seqs) else None
+    argmax = runner.greedy_ids(logits).tolist() if any(s.params.greedy for s in seqs) else None
     per_seq = logits.split(num_rows)  # B x [rows_i, vocab]
     verdicts, offset = [], 0
     for seq, tree, layout, rows, n in zip(seqs, trees, layouts, per_seq, num_rows):

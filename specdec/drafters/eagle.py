@@ -28,8 +28,8 @@ from specdec.core.tree import DraftTree
 from specdec.core.types import SamplingParams
 from specdec.drafters.eagle_layer import EagleConfig, EagleHead, load_eagle
 from specdec.errors import InvalidArgument
-from specdec.kernels.build import load_kernel
-from specdec.kernels.linear import install_with_rows
+from specdec.kernels.build import ROWS_AVX512, load_kernel
+from specdec.kernels.linear import PackedLinear, install_with_rows
 
 
 class EagleSession:
@@ -90,9 +90,8 @@ class EagleSession:
         frontier = [(-1, root_out)]  # (node, predicted feature whose children to draft)
         for level in range(1, depth + 1):
             new_nodes = []
-            logps = torch.log_softmax(d.draft_logits(torch.stack([f for _, f in frontier])).float(), dim=-1)  # [F, V']
-            top = torch.topk(logps, k, dim=-1)
-            for (parent, _), values, indices in zip(frontier, top.values.tolist(), top.indices.tolist()):
+            top_values, top_indices = d.top_logps(d.draft_logits(torch.stack([f for _, f in frontier])), k)  # [F, k]
+            for (parent, _), values, indices in zip(frontier, top_values, top_indices):
                 base = scores[parent] if parent >= 0 else 0.0
                 for lp, i in zip(values, indices):
                     new_nodes.append(len(tokens))
@@ -173,6 +172,7 @@ class EagleDrafter:
         self.head_weight = head_weight[self.vocab_ids].contiguous()  # [V', H] rows of the target's LM head
         self.dtype = head_weight.dtype
         self.lm_rows = lambda x: x @ self.head_weight.T  # [.., H] -> [.., V'] (use_kernels may repack it)
+        self.top_kernel = None  # specdec/kernels/top_probs.cpp where it runs in AVX-512 (use_kernels)
 
     def use_kernels(self, mode: str, attention: bool) -> None:
         """The head's linear layers and its reduced LM head on the kernel `mode` resolves to, as the
@@ -180,12 +180,23 @@ class EagleDrafter:
         attention: the target's attention runs on specdec's kernel, so the head's does too (grouped heads
         read in place, no repeated keys; ~0.3 ms less per head forward than torch's sdpa here)."""
         self.lm_rows = install_with_rows(self.head, self.head_weight, mode)
+        module = load_kernel().module if isinstance(self.lm_rows, PackedLinear) else None
+        self.top_kernel = module if module is not None and module.rows_isa() == ROWS_AVX512 else None
         if attention:
             self.head.attend = kernel_attend
 
     def draft_logits(self, features: torch.Tensor) -> torch.Tensor:
         """[F, H] predicted features -> [F, V'] logits over the reduced vocabulary."""
         return self.lm_rows(self.head.lm_input(features))
+
+    def top_logps(self, logits: torch.Tensor, k: int) -> tuple[list[list[float]], list[list[int]]]:
+        """logits [F, V'] -> each row's k best (log-probabilities, indices into V'), best first, on the host;
+        one kernel call where it runs (ties: the lower index first), else log_softmax and topk."""
+        if self.top_kernel is not None:
+            indices, logps = self.top_kernel.top_probs(logits, k, ROWS_AVX512, log=True)
+            return logps.tolist(), indices.tolist()
+        top = torch.topk(torch.log_softmax(logits.float(), dim=-1), k, dim=-1)
+        return top.values.tolist(), top.indices.tolist()
 
     def embed(self, token_ids: list[int]) -> torch.Tensor:
         return self.embed_weight[torch.tensor(token_ids, dtype=torch.long, device=self.device)].to(self.dtype)  # [n, H]

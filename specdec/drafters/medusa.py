@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 from specdec.core.tree import DraftTree, paths_to_parents
 from specdec.core.types import SamplingParams
 from specdec.errors import InvalidArgument, ModelNotFound
+from specdec.kernels.build import ROWS_AVX512, load_kernel
 from specdec.kernels.linear import PackedLinear, install_with_rows
 from specdec.kernels.packing import TILE
 
@@ -165,6 +166,7 @@ class MedusaDrafter:
         self.max_rank = max(max(p) for p in self.paths)
         self.lm_rows = lambda x: x @ self.head_weight.T  # [.., H] -> [.., V'] (use_kernels may repack it)
         self.fused: PackedLinear | None = None  # the heads' blocks as one product (use_kernels)
+        self.top_kernel = None  # specdec/kernels/top_probs.cpp where it runs in AVX-512 (use_kernels)
         self._shapes: dict[tuple[int, int | None], TreeShape | None] = {}
 
     def use_kernels(self, mode: str) -> None:
@@ -176,6 +178,8 @@ class MedusaDrafter:
         bias = torch.cat([b.bias for b in blocks])
         self.lm_rows = install_with_rows(self.heads, self.head_weight, mode)
         self.fused = PackedLinear(weight, bias) if isinstance(blocks[0], PackedLinear) else None
+        module = load_kernel().module if self.fused is not None else None
+        self.top_kernel = module if module is not None and module.rows_isa() == ROWS_AVX512 else None
 
     def features(self, hidden: torch.Tensor, num_heads: int) -> torch.Tensor:
         """hidden [n, H] -> the first num_heads heads' features [n, num_heads, H]: h + SiLU(W_i h + b_i)
@@ -195,8 +199,13 @@ class MedusaDrafter:
         (row-invariant), so a sequence's guesses are the same bits with or without the others."""
         rows = hiddens[0][None] if len(hiddens) == 1 else torch.stack(hiddens)  # [n, H]
         logits = self.lm_rows(self.features(rows, num_heads))  # [n, heads, V']
-        top = torch.topk(logits, self.max_rank + 1, dim=-1).indices  # [n, heads, R]
-        probs = torch.softmax(logits.float(), dim=-1).gather(2, top)  # [n, heads, R]
+        n, rank = len(hiddens), self.max_rank + 1
+        if self.top_kernel is not None:  # one call for what takes torch ~10 ops (ties: the lower index first)
+            top, probs = self.top_kernel.top_probs(logits.view(n * num_heads, -1), rank, ROWS_AVX512)
+            top, probs = top.view(n, num_heads, rank), probs.view(n, num_heads, rank)
+        else:
+            top = torch.topk(logits, rank, dim=-1).indices  # [n, heads, R]
+            probs = torch.softmax(logits.float(), dim=-1).gather(2, top)  # [n, heads, R]
         return [HeadGuesses(h, t, p) for h, t, p in zip(hiddens, top, probs)]
 
     def prepare(self, sessions: list[tuple[MedusaSession, int, int | None]]) -> None:

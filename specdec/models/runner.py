@@ -11,10 +11,12 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from specdec.core.sampling import greedy_ids
 from specdec.core.tree import TreeLayout, attention_bias, position_ids
 from specdec import parallel
 from specdec.core.types import DEFAULT_KV_CACHE, DEFAULT_LINEAR_KERNEL, check_kv_cache, check_linear_kernel
 from specdec.errors import InvalidArgument
+from specdec.kernels.build import ROWS_AVX512
 from specdec.models.prefix_cache import PrefixCache
 from specdec.models.static_cache import DEFAULT_CAPACITY, StaticKVCache
 
@@ -67,6 +69,7 @@ class ModelRunner:
         specdec.models.static_cache) or "dynamic" (transformers' DynamicCache, grown by concatenation)."""
         from specdec.kernels import attention, lean
         from specdec.models import rotary
+        from specdec.kernels.build import load_kernel
         from specdec.kernels.linear import PackedLinear, install
 
         self.model = model
@@ -101,6 +104,9 @@ class ModelRunner:
         self.packed_head = None  # the head's weight packed for rowgemm: logits straight in float32
         if self.head_weight is not None and self.linear_kernel.kernel == "specdec":
             self.packed_head = PackedLinear(self.head_weight, None)
+        # greedy picks on the calling thread in AVX-512 (specdec/kernels/argmax.cpp), where specdec's kernels run
+        module = load_kernel().module if self.linear_kernel.kernel == "specdec" else None
+        self.argmax_kernel = module if module is not None and module.rows_isa() == ROWS_AVX512 else None
         self.graphs = None
         if config.cuda_graphs:
             from specdec.graphs import GraphedDecoder
@@ -175,6 +181,14 @@ class ModelRunner:
             return hidden
         return self.decoder(input_ids=input_ids, attention_mask=attn_bias, position_ids=positions,
                             past_key_values=cache, use_cache=True).last_hidden_state
+
+    def greedy_ids(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [rows, vocab] -> the greedy token per row [rows], torch's max(dim=-1).indices bit for bit.
+        Every greedy pick of the target goes through here, so plain and speculative decoding pick alike."""
+        if self.argmax_kernel is not None and logits.dim() == 2 and logits.dtype == torch.float32 \
+                and logits.device.type == "cpu" and logits.shape[1] > 0:
+            return self.argmax_kernel.argmax_rows(logits, ROWS_AVX512)
+        return greedy_ids(logits)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [n, hidden] -> logits [n, vocab] float32.
