@@ -21,7 +21,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rows_isa", &rows_isa, "the lean forward's element-wise path: 0 scalar, 1 AVX2, 2 AVX-512");
   m.def("rotary", &rotary, "x [R, heads, d] * cos + rotate_half(x) * sin, cos / sin [R, d], by the named path");
   m.def("residual_add", &residual_add, "x + y as the lean forward adds a residual, by the named path");
-  m.def("argmax_rows", &argmax_rows, "logits [R, V] float32 -> each row's first maximum (NaN counts as one), one thread");
+  m.def("argmax_rows", &argmax_rows, "logits [R, V] float32 -> each row's first maximum (a NaN counts as one)");
   m.def("top_probs", &top_probs, "logits [M, V] -> each row's r best (index, softmax probability or its log)",
         pybind11::arg("logits"), pybind11::arg("r"), pybind11::arg("isa"), pybind11::arg("log") = false);
   bind_lean(m);

@@ -16,7 +16,7 @@ from specdec.core.tree import TreeLayout, attention_bias, position_ids
 from specdec import parallel
 from specdec.core.types import DEFAULT_KV_CACHE, DEFAULT_LINEAR_KERNEL, check_kv_cache, check_linear_kernel
 from specdec.errors import InvalidArgument
-from specdec.kernels.build import ROWS_AVX512
+from specdec.kernels.build import ROWS_AVX512, load_kernel
 from specdec.models.prefix_cache import PrefixCache
 from specdec.models.static_cache import DEFAULT_CAPACITY, StaticKVCache
 
@@ -69,7 +69,6 @@ class ModelRunner:
         specdec.models.static_cache) or "dynamic" (transformers' DynamicCache, grown by concatenation)."""
         from specdec.kernels import attention, lean
         from specdec.models import rotary
-        from specdec.kernels.build import load_kernel
         from specdec.kernels.linear import PackedLinear, install
 
         self.model = model
