@@ -180,8 +180,7 @@ class EagleDrafter:
         attention: the target's attention runs on specdec's kernel, so the head's does too (grouped heads
         read in place, no repeated keys; ~0.3 ms less per head forward than torch's sdpa here)."""
         self.lm_rows = install_with_rows(self.head, self.head_weight, mode)
-        module = load_kernel().module if isinstance(self.lm_rows, PackedLinear) else None
-        self.top_kernel = module if module is not None and module.rows_isa() == ROWS_AVX512 else None
+        self.top_kernel = load_kernel().rows_avx512 if isinstance(self.lm_rows, PackedLinear) else None
         if attention:
             self.head.attend = kernel_attend
 

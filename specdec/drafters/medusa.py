@@ -178,8 +178,7 @@ class MedusaDrafter:
         bias = torch.cat([b.bias for b in blocks])
         self.lm_rows = install_with_rows(self.heads, self.head_weight, mode)
         self.fused = PackedLinear(weight, bias) if isinstance(blocks[0], PackedLinear) else None
-        module = load_kernel().module if self.fused is not None else None
-        self.top_kernel = module if module is not None and module.rows_isa() == ROWS_AVX512 else None
+        self.top_kernel = load_kernel().rows_avx512 if self.fused is not None else None
 
     def features(self, hidden: torch.Tensor, num_heads: int) -> torch.Tensor:
         """hidden [n, H] -> the first num_heads heads' features [n, num_heads, H]: h + SiLU(W_i h + b_i)

@@ -39,6 +39,12 @@ class Kernel:
         return self.module is not None and self.module.cpu_isa() >= ISA_NAMES.index("avx2")
 
     @property
+    def rows_avx512(self):
+        """The module where its row kernels (argmax_rows, top_probs) run in AVX-512, else None: callers then
+        keep torch's ops, which are faster than the kernels' scalar paths."""
+        return self.module if self.module is not None and self.module.rows_isa() == ROWS_AVX512 else None
+
+    @property
     def native_bf16(self) -> bool:
         """The CPU multiplies bfloat16 itself (VDPBF16PS, or AMX tiles)."""
         return self.module is not None and self.module.cpu_isa() >= ISA_NAMES.index("avx512_bf16")

@@ -7,8 +7,8 @@
 // one that keeps the R largest.
 //
 // Order: larger logits first, ties by the lower index (a stable descending sort's first R). Probabilities:
-// exp(x - max) / sum exp(x - max) in float32, the exponential from a degree-6 polynomial on AVX-512 (within
-// ~2 ulp of expf; they only rank and weigh draft nodes, never decide what is accepted).
+// exp(x - max) / sum exp(x - max) in float32, the sum's exponentials from attention's polynomial (attention_simd.h,
+// ~1 ulp of expf; they only rank and weigh draft nodes, never decide what is accepted).
 #include <immintrin.h>
 #include <torch/extension.h>
 
@@ -16,9 +16,12 @@
 #include <limits>
 #include <vector>
 
+#include "attention_simd.h"
 #include "layer_rows.h"
 
 namespace {
+
+using specdec_attention::exp16;
 
 // Candidates so far, best first: R slots, filled up to `count`.
 struct Best {
@@ -52,53 +55,33 @@ void row_scalar(const T* x, int64_t n, Best& best, float& top, float& total) {
   for (int64_t i = 0; i < n; ++i) best.offer(static_cast<float>(x[i]), i);
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load16(const float* x, __mmask16 m) {
-  return _mm512_mask_loadu_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), m, x);
-}
-
-__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 load16(const at::BFloat16* x, __mmask16 m) {
-  const __m256i bits = _mm256_maskz_loadu_epi16(m, x);
-  const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-  return _mm512_mask_blend_ps(m, _mm512_set1_ps(-std::numeric_limits<float>::infinity()), v);
-}
-
-// e^x for x <= 0 (x - max), as Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2, e^r by a polynomial, times 2^n.
-__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));  // e^-87 ~ 1.6e-38: below it the term is noise in the sum
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
+// Up to 16 values as float lanes (layer_rows.h's masked load), the lanes outside mask m -inf: nothing past a
+// row's end is a candidate or adds to the softmax's sum.
+template <typename T>
+SPECDEC_AVX512 inline __m512 load_tail(const T* x, __mmask16 m) {
+  const __m512 lowest = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  return _mm512_mask_blend_ps(m, lowest, specdec_rows::load16<T>(x, m));
 }
 
 template <typename T>
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void row_avx512(const T* x, int64_t n, Best& best, float& top,
-                                                             float& total) {
+SPECDEC_AVX512 void row_avx512(const T* x, int64_t n, Best& best, float& top, float& total) {
   const int64_t blocks = (n + 15) / 16;
   auto mask = [n](int64_t b) { return n - b * 16 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - b * 16)) - 1); };
   __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t b = 0; b < blocks; ++b) m = _mm512_max_ps(m, load16(x + b * 16, mask(b)));
+  for (int64_t b = 0; b < blocks; ++b) m = _mm512_max_ps(m, load_tail(x + b * 16, mask(b)));
   top = _mm512_reduce_max_ps(m);
   const __m512 shift = _mm512_set1_ps(top);
   __m512 sum = _mm512_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const __mmask16 k = mask(b);
-    sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(load16(x + b * 16, k), shift))));
+    sum = _mm512_add_ps(sum, exp16(_mm512_sub_ps(load_tail(x + b * 16, k), shift)));  // lanes past n: e^-inf = 0
   }
   total = _mm512_reduce_add_ps(sum);
   for (int64_t b = 0; b < blocks; ++b) {
     const __mmask16 k = mask(b);
-    const __m512 v = load16(x + b * 16, k);
-    __mmask16 hit = _mm512_mask_cmp_ps_mask(k, v, _mm512_set1_ps(best.threshold()), _CMP_GT_OQ);
-    if (!best.full()) hit = k;  // still filling: every element is a candidate
+    const __m512 v = load_tail(x + b * 16, k);
+    // still filling: every element is a candidate; then only those above the R-th best so far
+    __mmask16 hit = best.full() ? _mm512_mask_cmp_ps_mask(k, v, _mm512_set1_ps(best.threshold()), _CMP_GT_OQ) : k;
     while (hit) {
       const int lane = __builtin_ctz(hit);
       hit &= hit - 1;

@@ -104,8 +104,7 @@ class ModelRunner:
         if self.head_weight is not None and self.linear_kernel.kernel == "specdec":
             self.packed_head = PackedLinear(self.head_weight, None)
         # greedy picks on the calling thread in AVX-512 (specdec/kernels/argmax.cpp), where specdec's kernels run
-        module = load_kernel().module if self.linear_kernel.kernel == "specdec" else None
-        self.argmax_kernel = module if module is not None and module.rows_isa() == ROWS_AVX512 else None
+        self.argmax_kernel = load_kernel().rows_avx512 if self.linear_kernel.kernel == "specdec" else None
         self.graphs = None
         if config.cuda_graphs:
             from specdec.graphs import GraphedDecoder
