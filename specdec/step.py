@@ -208,8 +208,10 @@ def decode_step(runner: ModelRunner, policy: SpeculationPolicy, pool: BatchCache
     keys = [e.key for e in entries]
     trees = policy.allocate(keys, trees, [is_sampled(t, e.seq.params.greedy) for t, e in zip(trees, entries)],
                             agree=parallel.broadcast_int)
-    start = time.perf_counter()
+    start, probes = time.perf_counter(), runner.num_team_probes
     results = verify_each(runner, [e.seq for e in entries], trees, pool, fault)
+    # a forward the thread team timed the slower way (specdec.kernels.team) says nothing of the step's cost
+    timed = runner.num_team_probes == probes
     policy.record(keys, trees, [r if isinstance(r, StepResult) else None for r in results],
-                  time.perf_counter() - start, draft_s)
+                  time.perf_counter() - start, draft_s, timed=timed)
     return trees, results, draft_s

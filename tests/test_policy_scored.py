@@ -207,3 +207,29 @@ def test_tensor_parallel_ranks_cut_to_rank_zeros_count():
     loaded.add("a"), loaded.add("b")
     cuts = loaded.allocate(["a", "b"], [tree, tree], [False, False], agree=lambda own: 2)
     assert [c.num_nodes for c in cuts] == [2, 2]
+
+
+def test_a_step_timed_the_slow_way_teaches_acceptance_not_cost():
+    """A forward the thread team ran alone on purpose (a probe, ~1.9x a step's cost) must not make its
+    row count look dear: what it accepted is learnt, its seconds are not, on both the sequence's
+    controller and the batch budget."""
+    policy = SpeculationPolicy(PolicyConfig(max_depth=8))
+    policy.add("s")
+    tree = chain_with_siblings(4, sure=0.9, unsure=0.2)
+    seq = policy.seqs["s"]
+    policy.record(["s"], [DraftTree.empty()], [_Step(0, 0, [5])], T_PLAIN)
+    policy.record(["s"], [tree], [_Step(4, 4, [1, 2, 3, 4, 5])], flat_then_steep(9))
+    costs, budget_costs = dict(seq.row_costs.means), dict(policy.batch.costs.means)
+    accepted, calibration = seq.acceptance.accepted, seq.calibration.accepted
+    for _ in range(3):
+        policy.record(["s"], [tree], [_Step(4, 4, [1, 2, 3, 4, 5])], 2 * flat_then_steep(9), timed=False)
+        policy.record(["s"], [DraftTree.empty()], [_Step(0, 0, [5])], 2 * T_PLAIN, timed=False)
+    assert seq.row_costs.means == costs and policy.batch.costs.means == budget_costs and seq.t_plain == T_PLAIN
+    assert seq.acceptance.accepted > accepted and seq.calibration.accepted > calibration
+
+
+class _Step:
+    """What policy.record reads of a StepResult."""
+
+    def __init__(self, depth: int, num_accepted: int, token_ids: list[int]):
+        self.depth, self.num_accepted, self.token_ids = depth, num_accepted, token_ids

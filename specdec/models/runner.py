@@ -180,6 +180,12 @@ class ModelRunner:
         return self.decoder(input_ids=input_ids, attention_mask=attn_bias, position_ids=positions,
                             past_key_values=cache, use_cache=True).last_hidden_state
 
+    @property
+    def num_team_probes(self) -> int:
+        """Forwards so far run the slower way on purpose (specdec.kernels.team): a step that ran one
+        took longer than a step of its size costs, so the speculation policy does not learn from it."""
+        return self.lean.team.num_probes if self.lean is not None else 0
+
     def greedy_ids(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [rows, vocab] -> the greedy token per row [rows], torch's max(dim=-1).indices bit for bit.
         Every greedy pick of the target goes through here, so plain and speculative decoding pick alike."""

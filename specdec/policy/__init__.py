@@ -143,23 +143,26 @@ class SpeculationPolicy:
                 for t, s, order in zip(out, sampled, orders)]
 
     def record(self, keys: list[str], trees: list[DraftTree], steps: list, verify_s: float,
-               draft_s: float = 0.0, wait_s: float = 0.0) -> None:
+               draft_s: float = 0.0, wait_s: float = 0.0, timed: bool = True) -> None:
         """One forward's outcome: trees as verified, each sequence's StepResult (None: it failed).
-        draft_s: drafting on this thread before it; wait_s: the step's wait for drafts made elsewhere."""
+        draft_s: drafting on this thread before it; wait_s: the step's wait for drafts made elsewhere.
+        timed False: the forward was run slower than its size costs (a thread-team probe): what was
+        accepted is learnt, its seconds are not."""
         rows = len(trees) * (1 + max((t.num_nodes for t in trees), default=0))
         # A verified draft's step costs what was spent getting it too: with the forward nearly flat in its
         # rows, that time (drafts over gRPC, drafting between forwards) is what decides whether drafting pays.
         step_s = verify_s + (draft_s + wait_s if rows > len(trees) else 0.0)
-        self.batch.record(rows, step_s, sum(len(s.token_ids) for s in steps if s is not None), len(trees))
+        self.batch.record(rows, step_s if timed else None, sum(len(s.token_ids) for s in steps if s is not None),
+                          len(trees))
         for key, tree, step in zip(keys, trees, steps):
             if step is not None:
-                self.observe(key, step.depth if tree.num_nodes else 0, step.num_accepted, verify_s + draft_s,
-                             tree.scores if tree.num_nodes else None)
+                self.observe(key, step.depth if tree.num_nodes else 0, step.num_accepted,
+                             verify_s + draft_s if timed else None, tree.scores if tree.num_nodes else None)
 
-    def observe(self, key: str, depth: int, num_accepted: int, step_s: float,
+    def observe(self, key: str, depth: int, num_accepted: int, step_s: float | None,
                 scores: tuple[float, ...] | None = None) -> None:
-        """One step of one sequence: depth verified (0 = plain), accepted tokens, its seconds, and the
-        verified nodes' own scores where the drafter gave them."""
+        """One step of one sequence: depth verified (0 = plain), accepted tokens, its seconds (None: not
+        what such a step costs), and the verified nodes' own scores where the drafter gave them."""
         seq = self.seqs.get(key)
         if seq is None:
             return

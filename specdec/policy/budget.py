@@ -162,9 +162,13 @@ class BatchBudget:
             return own.estimate(num_rows)
         return own.means[anchor] * shape / at_anchor
 
-    def record(self, num_rows: int, seconds: float, num_tokens: int, batch: int) -> None:
-        """The forward's padded rows, wall seconds and tokens emitted over the batch."""
+    def record(self, num_rows: int, seconds: float | None, num_tokens: int, batch: int) -> None:
+        """The forward's padded rows, wall seconds (None: not what it costs; a probe then runs again)
+        and tokens emitted over the batch."""
         if not self.config.learn_costs:
+            return
+        if seconds is None:
+            self.steps_since_probe += 1
             return
         self.costs.record(num_rows, seconds)
         self.batch_costs.setdefault(batch, CostTable(self.config.decay)).record(num_rows, seconds)

@@ -172,20 +172,30 @@ class DepthController:
             self.probe_gain = 1.0 + sum(probs[:best])
         return best
 
-    def record(self, depth: int, num_accepted: int, step_s: float, scores: tuple[float, ...] | None = None
-               ) -> None:
-        """One step's outcome: depth drafted (0 = plain step), accepted count, draft + verify seconds;
-        scores: the verified nodes' own scores where the drafter gave them (the fit then counts nodes)."""
+    def record(self, depth: int, num_accepted: int, step_s: float | None,
+               scores: tuple[float, ...] | None = None) -> None:
+        """One step's outcome: depth drafted (0 = plain step), accepted count, draft + verify seconds
+        (None: the step ran slower than its size costs, so its time is not learnt); scores: the verified
+        nodes' own scores where the drafter gave them (the fit then counts nodes)."""
         d = self.config.decay
         if depth == 0:
-            self.t_plain = step_s if self.t_plain is None else d * self.t_plain + (1 - d) * step_s
-            if self.row_costs is not None:
-                self.row_costs.means[1] = self.t_plain
+            if step_s is not None:
+                self.t_plain = step_s if self.t_plain is None else d * self.t_plain + (1 - d) * step_s
+                if self.row_costs is not None:
+                    self.row_costs.means[1] = self.t_plain
             self.steps_since_spec += 1
             return
         self.acceptance.record(depth, min(num_accepted, depth), d)
         if scores is not None:
             self.calibration.record(sum(scores), num_accepted, d)
+        if step_s is not None:
+            self._learn_cost(depth, step_s, scores)
+        self.steps_since_spec = 0
+
+    def _learn_cost(self, depth: int, step_s: float, scores: tuple[float, ...] | None) -> None:
+        """A timed speculative step: its row count's cost, the line in k, and a probe's verdict."""
+        d = self.config.decay
+        if scores is not None:
             if self.row_costs is None:
                 self.row_costs = CostTable(d)
                 if self.t_plain is not None:
@@ -205,4 +215,3 @@ class DepthController:
                 paid = self.probe_gain is None or self.probe_gain / step_s > 1.0 / self.t_plain
             self.probe_interval = (self.config.min_probe_interval if paid
                                    else min(2 * self.probe_interval, self.config.max_probe_interval))
-        self.steps_since_spec = 0

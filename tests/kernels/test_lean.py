@@ -143,3 +143,31 @@ def test_a_team_of_threads_gives_the_one_thread_bits_on_smollm(smol_path, dtype)
         torch.set_num_threads(before)
     for (la, ha), (lb, hb) in zip(*results):
         assert torch.equal(la, lb) and torch.equal(ha, hb)
+
+
+@needs_kernel
+def test_steps_whose_forward_the_team_probed_are_not_timed(tiny_target, monkeypatch):
+    """The thread team's warm-up and probes run forwards the slower way on purpose; the decode steps
+    that ran one tell the speculation policy so (timed=False), and only those."""
+    from specdec.core.types import SamplingParams
+    from specdec.engine import Engine
+    from specdec.policy import SpeculationPolicy
+
+    flags, record = [], SpeculationPolicy.record
+
+    def spy(self, *args, timed=True, **kwargs):
+        flags.append((timed, engine.runner.num_team_probes))
+        return record(self, *args, timed=timed, **kwargs)
+
+    monkeypatch.setattr(SpeculationPolicy, "record", spy)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        engine = Engine(load_model(tiny_target, torch.float32), None)
+        engine.generate([3, 1, 4, 1, 5], SamplingParams(max_new_tokens=12))
+    finally:
+        torch.set_num_threads(before)
+    untimed = [not timed for timed, _ in flags]
+    probes = [count for _, count in flags]  # the team's probe count after each step
+    assert untimed[1:] == [now > then for then, now in zip(probes, probes[1:])]  # exactly where it moved
+    assert sum(untimed) >= 2  # the warm-up ran one-row forwards alone
