@@ -64,12 +64,12 @@ AVX512 void unit_output(const Call<T>& c, const Unit& u, const float* acc, const
   }
 }
 
-// out = sum_j p_j v_j / sum_j p_j for every pair of the unit, value rows in blocks of KEY_BLOCK.
+// out = sum_j p_j v_j / sum_j p_j for every pair of the unit, value rows in blocks of KEY_BLOCK (the sums
+// of p: unit_probs's).
 template <typename T>
 AVX512 void unit_weigh(const Call<T>& c, const Unit& u, Scratch& w, int64_t stride, int64_t most) {
   const int64_t pairs = u.rows * u.heads, d = c.d;
   std::fill(w.acc.begin(), w.acc.begin() + pairs * d, 0.0f);
-  std::fill(w.sums.begin(), w.sums.begin() + pairs, 0.0f);
   const T* values = c.values() + u.b * c.v_b + u.g * c.v_g;
   for (int64_t j0 = 0; j0 < most; j0 += KEY_BLOCK) {
     const int64_t j1 = std::min(j0 + KEY_BLOCK, most);
@@ -78,9 +78,9 @@ AVX512 void unit_weigh(const Call<T>& c, const Unit& u, Scratch& w, int64_t stri
       const float* probs = w.probs.data() + p * stride;
 #define WEIGH(CH, GB)                                                                                          \
   if (none_zero(probs, stride, GB, j0, j1))                                                                    \
-    weigh_block<T, CH, GB, true>(probs, stride, values, c.v_row, j0, j1, w.acc.data() + p * d, d, w.sums.data() + p, p ? 0 : most); \
+    weigh_block<T, CH, GB, true>(probs, stride, values, c.v_row, j0, j1, w.acc.data() + p * d, d, p ? 0 : most); \
   else                                                                                                         \
-    weigh_block<T, CH, GB, false>(probs, stride, values, c.v_row, j0, j1, w.acc.data() + p * d, d, w.sums.data() + p, p ? 0 : most); \
+    weigh_block<T, CH, GB, false>(probs, stride, values, c.v_row, j0, j1, w.acc.data() + p * d, d, p ? 0 : most); \
   p += GB;                                                                                                     \
   continue
       if (c.chunks == 4 && left >= 6) { WEIGH(4, 6); }
@@ -95,7 +95,7 @@ AVX512 void unit_weigh(const Call<T>& c, const Unit& u, Scratch& w, int64_t stri
       if (c.chunks == 8 && left >= 3) { WEIGH(8, 3); }
       if (c.chunks == 8) { WEIGH(8, 1); }
 #undef WEIGH
-      weigh_any<T>(probs, values, c.v_row, j0, j1, c.chunks, w.acc.data() + p * d, w.sums.data() + p);
+      weigh_any<T>(probs, values, c.v_row, j0, j1, c.chunks, w.acc.data() + p * d);
       ++p;
     }
   }

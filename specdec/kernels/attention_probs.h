@@ -51,6 +51,21 @@ AVX512 inline void take_scores(const Call<T>& c, const Unit& u, Scratch& w, int6
   top16[p] = _mm512_mask_max_ps(top16[p], lanes, top16[p], sc);
 }
 
+// total's lanes plus the nonzero lanes `nz` of e, as ordinals count, count + 1, ... (lane = ordinal mod 16);
+// count advances by their number.
+AVX512 inline __m512 add_by_ordinal(__m512 total, __m512 e, __mmask16 nz, int64_t& count) {
+  const int64_t r = count & 15, m = __builtin_popcount(nz);
+  count += m;
+  if (r == 0 && nz == 0xFFFF) return _mm512_add_ps(total, e);  // a whole block in place: the usual case
+  if (m == 0) return total;
+  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i from = _mm512_and_si512(_mm512_sub_epi32(iota, _mm512_set1_epi32(static_cast<int>(r))),
+                                        _mm512_set1_epi32(15));  // lane l takes compressed lane (l - r) mod 16
+  const uint32_t first = (1u << m) - 1;  // m <= 16
+  const __mmask16 into = static_cast<__mmask16>(((first << r) | (first >> (16 - r))) & 0xFFFF);
+  return _mm512_mask_add_ps(total, into, total, _mm512_permutexvar_ps(from, _mm512_maskz_compress_ps(nz, e)));
+}
+
 // Every pair's unnormalized probabilities exp(q . k_j * scale + mask_j - max) into w.probs, zero from its
 // own visible count up to the unit's largest, which is returned (AMX: the scaled scores, and the max).
 template <typename T>
@@ -114,11 +129,21 @@ AVX512 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t s
     if (top == NEG_INF) top = 0.0f;  // every key hidden: a row of zeros
     const __m512 topv = top16[p] = _mm512_set1_ps(top);
     if (amx) continue;  // AMX: amx_weigh takes the exp as it packs the probabilities
-    for (int64_t t = 0; t < visible; t += 16) {  // exp lane by lane: a key's p depends on its score alone
+    // exp lane by lane (a key's p depends on its score alone), and the sum of p by ordinal: the pair's p
+    // that are not 0, in key order, the o-th into lane o mod 16 (a block's nonzero p compressed, then
+    // rotated to the lane after the last one filled), the lanes reduced at the end in one fixed order. A
+    // key a mask hides (p = 0) takes no ordinal, so the sum is bitwise the one over the keys left: a tree
+    // row equals its path alone, and the row any other row of the call.
+    __m512 total = _mm512_setzero_ps();
+    int64_t count = 0;
+    for (int64_t t = 0; t < visible; t += 16) {
       const __mmask16 lanes = visible - t >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (visible - t)) - 1);
       const __m512 sc = _mm512_mask_loadu_ps(_mm512_set1_ps(NEG_INF), lanes, sp + t);
-      _mm512_mask_storeu_ps(sp + t, lanes, exp16(_mm512_sub_ps(sc, topv)));
+      const __m512 e = exp16(_mm512_sub_ps(sc, topv));
+      _mm512_mask_storeu_ps(sp + t, lanes, e);
+      total = add_by_ordinal(total, e, _mm512_mask_cmp_ps_mask(lanes, e, _mm512_setzero_ps(), _CMP_NEQ_OQ), count);
     }
+    w.sums[p] = _mm512_reduce_add_ps(total);
     std::fill(sp + visible, sp + most, 0.0f);  // keys past its own: p = 0, which adds exactly nothing below
   }
   return most;
