@@ -16,9 +16,10 @@ against 17 ms), and probing every 32nd forward of every size cost ~2% of decodin
 confirms the team doubles that size's interval (up to `max_probe_every`), one that overturns it resets
 it, and a neighbour taking a core is seen without probing: the chosen way's own cost moving by more than
 `drift` from what it was when the other way was last timed probes at once. The neighbour leaving is not
-seen so (one thread barely feels it), so while one thread is cheaper the interval stays the shortest. `num_probes` counts the forwards run the slower way on purpose
-(warm-up and probes): their times are not what a step costs, and the speculation policy, which learns its
-step costs from wall time, skips them (specdec.step.decode_step).
+seen so (one thread barely feels it), so while one thread is cheaper the interval stays the shortest.
+`num_probes` counts the forwards run the slower way on purpose (warm-up and probes): their times are not
+what a step costs, and the speculation policy, which learns its step costs from wall time, skips them
+(specdec.step.decode_step).
 """
 from __future__ import annotations
 
