@@ -54,6 +54,10 @@ class _Timing:
     def cost_s(self) -> float:
         return statistics.median(self.recent_s)
 
+    @property
+    def cost_ms(self) -> float:
+        return self.cost_s * 1e3 if self.recent_s else float("nan")
+
 
 @dataclass
 class _Size:
@@ -63,6 +67,10 @@ class _Size:
     since_probe: int = 0  # forwards since the way not chosen last ran
     interval: int = 0
     chosen_at_probe: float | None = None  # the chosen way's cost when the other was last timed
+
+    def warmed(self, num_warmup: int) -> bool:
+        """Both ways timed `num_warmup` times: from here on the cheaper runs and the other is probed."""
+        return min(w.count for w in self.ways) >= num_warmup
 
     def cheaper(self) -> int:
         team, alone = self.ways
@@ -87,7 +95,7 @@ class TeamPolicy:
         size = self._sizes.setdefault(num_rows.bit_length(), _Size(interval=cfg.probe_every))
         team, alone = size.ways
         best = size.cheaper()
-        if team.count < cfg.num_warmup or alone.count < cfg.num_warmup:
+        if not size.warmed(cfg.num_warmup):
             way = TEAM if team.count <= alone.count else ALONE
         else:
             size.since_probe += 1
@@ -107,7 +115,7 @@ class TeamPolicy:
         size = self._sizes.get(num_rows.bit_length())
         if size is None:
             return
-        best, warm = size.cheaper(), min(w.count for w in size.ways) >= self.config.num_warmup
+        best, warm = size.cheaper(), size.warmed(self.config.num_warmup)
         way = TEAM if threads > 1 else ALONE
         size.ways[way].add(seconds, self.config.window)
         if warm and way != best:  # a probe, timed
@@ -115,11 +123,9 @@ class TeamPolicy:
                 size.interval = min(2 * size.interval, self.config.max_probe_every)
             else:  # overturned, or one thread still cheaper: watch closely (see the class docstring)
                 size.interval = self.config.probe_every
-        if size.chosen_at_probe is None and min(w.count for w in size.ways) >= self.config.num_warmup:
+        if size.chosen_at_probe is None and size.warmed(self.config.num_warmup):
             size.chosen_at_probe = size.ways[size.cheaper()].cost_s
 
     def costs_ms(self) -> dict[int, tuple[float, float]]:
         """Size class (rows up to 2**k - 1) -> (team, alone) costs in ms, for logs and benchmarks."""
-        return {bits: (size.ways[TEAM].cost_s * 1e3 if size.ways[TEAM].recent_s else float("nan"),
-                       size.ways[ALONE].cost_s * 1e3 if size.ways[ALONE].recent_s else float("nan"))
-                for bits, size in self._sizes.items()}
+        return {bits: (size.ways[TEAM].cost_ms, size.ways[ALONE].cost_ms) for bits, size in self._sizes.items()}
