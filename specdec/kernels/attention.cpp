@@ -12,11 +12,12 @@
 // order as fixed: by each pair's own ordinals of nonzero probabilities.
 //
 // Tiled for many rows: a work unit is a block of (query row, head) pairs of one kv group (the GQA heads
-// sharing its keys x a block of rows). A block of 16 keys is read once, transposed (keys across lanes,
-// so a score needs no horizontal sum) and scored for every pair of the unit; then a block of KEY_BLOCK
-// value rows is weighed into every pair's accumulators (kept in memory between blocks, each pair's
-// chain still in key order). The keys and values stream once per unit instead of once per row, the
-// transpose is shared by the unit's pairs, and each pair's arithmetic is exactly what it is alone.
+// sharing its keys x a run of rows; the threads share out rows, attention_units.h's rows_share). A block of
+// 16 keys is read once, transposed (keys across lanes, so a score needs no horizontal sum) and scored for
+// every pair of the unit; then a block of KEY_BLOCK value rows is weighed into every pair's accumulators
+// (kept in memory between blocks, each pair's chain still in key order). The keys and values stream once
+// per unit instead of once per row, the transpose is shared by the unit's pairs, and each pair's
+// arithmetic is exactly what it is alone.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
@@ -40,6 +41,7 @@ using specdec_attention_units::Call;
 using specdec_attention_units::Split;
 using specdec_attention_units::Unit;
 using specdec_attention_units::split_work;
+using specdec_attention_units::rows_share;
 using specdec_attention_amx::amx_configure;
 using specdec_attention_amx::amx_queries;
 using specdec_attention_amx::amx_release;
@@ -51,6 +53,9 @@ using specdec_attention_amx::PvScratch;
 #define AVX512 SPECDEC_AVX512
 
 constexpr int64_t KEY_BLOCK = 64;   // value rows weighed into every pair's accumulators while in L1
+// Up to this many keys, vector-path units hold up to 2 x MOST_PAIRS pairs (16 rows of SmolLM2's 3 heads a
+// kv group): their probabilities [pairs, keys] still sit in L2 beside the group's keys and values.
+constexpr int64_t LONG_KEYS = 2048;
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
 #include "attention_probs.h"  // Scratch, unit_probs: every pair's probabilities of a unit
@@ -102,10 +107,10 @@ AVX512 void unit_weigh(const Call<T>& c, const Unit& u, Scratch& w, int64_t stri
   unit_output<T>(c, u, w.acc.data(), w.sums.data());
 }
 
-// Units [begin, end) of the call's split: a (b, g)'s units one after another, so its keys stay in L2.
+// A part's units in order (a (b, g)'s one after another, so its keys stay in L2). pairs: the most any of
+// them holds; shared_groups: some group's units are split between parts (AMX then re-lays values per unit).
 template <typename T>
-void attend_items(const Call<T>& c, const Split& split, int64_t kv_heads, int64_t begin, int64_t end, bool amx) {
-  const int64_t per_group = split.row_blocks * split.head_blocks, pairs = split.rows * split.heads;
+void attend_items(const Call<T>& c, const std::vector<Unit>& units, int64_t pairs, bool shared_groups, bool amx) {
   // This thread's scratch, kept from call to call while the shape allows (the keys rounded up to 256, so a
   // decode's growing cache reuses it): fresh buffers each call cost a zero fill, and page faults where the
   // allocator had handed their pages back. Any stride >= the keys + 16 does: it places rows, not values.
@@ -113,20 +118,16 @@ void attend_items(const Call<T>& c, const Split& split, int64_t kv_heads, int64_
   thread_local std::unique_ptr<Scratch> w_kept;
   thread_local std::unique_ptr<PvScratch> pv_kept;
   thread_local int64_t kept[4] = {-1, -1, -1, -1};  // pairs, keys, d, AMX with kept values
-  const int64_t shape[4] = {pairs, keys, c.d, amx ? 1 + (per_group > 1) : 0};
+  const int64_t shape[4] = {pairs, keys, c.d, amx ? 1 + shared_groups : 0};
   if (!std::equal(shape, shape + 4, kept)) {
     w_kept.reset(new Scratch(pairs, stride, c.d));
-    pv_kept.reset(amx ? new PvScratch(pairs, keys, c.d, per_group > 1) : nullptr);
+    pv_kept.reset(amx ? new PvScratch(pairs, keys, c.d, shared_groups) : nullptr);
     std::copy(shape, shape + 4, kept);
   }
   Scratch& w = *w_kept;
   PvScratch* const pv = pv_kept.get();
   if (pv != nullptr) pv->relay_b = -1;  // values re-laid in an earlier call may have changed since
-  for (int64_t item = begin; item < end; ++item) {
-    const int64_t b = item / (kv_heads * per_group), g = (item / per_group) % kv_heads;
-    const int64_t r = (item % per_group) / split.head_blocks, hb = item % split.head_blocks;
-    const Unit u{b, g, r * split.rows, std::min(split.rows, c.n - r * split.rows), hb * split.heads,
-                 std::min(split.heads, c.group - hb * split.heads)};
+  for (const Unit& u : units) {
     const int64_t most = unit_probs<T>(c, u, w, stride, amx);
     if constexpr (std::is_same<T, at::BFloat16>::value) {
       if (amx) {  // p x values on tiles too (attention_amx.h), by ordinal
@@ -140,18 +141,37 @@ void attend_items(const Call<T>& c, const Split& split, int64_t kv_heads, int64_
   if (amx) amx_release();
 }
 
-// Part `part` of `parts` of the call's units (the split sized for `parts` threads).
+// Part `part` of `parts` of the call's units: rows_share's on the vector path; on AMX tiles (16 pairs a
+// tile) split_work's uniform blocks of at most 16 pairs, which attention_amx_pv.h's kept values assume.
 template <typename T>
 void attend_share(const specdec_parts::AttendArgs& a, int64_t part, int64_t parts) {
   const Call<T> c(a);
-  // bf16 scores on AMX tiles where the CPU has them: a tile holds 16 pairs, so units hold at most 16.
   const bool amx = std::is_same<T, at::BFloat16>::value && a.d % 32 == 0 && c.group <= 16 &&
                    __builtin_cpu_supports("avx512bf16") && specdec_parts::amx_bf16_ready();
-  const Split split = split_work(a.B, a.kv_heads, a.n, c.group, parts,
-                                 amx ? 16 : specdec_attention_units::MOST_PAIRS);
-  int64_t begin, end;
-  specdec_parts::share(a.B * a.kv_heads * split.row_blocks * split.head_blocks, part, parts, begin, end);
-  if (begin < end) attend_items<T>(c, split, a.kv_heads, begin, end, amx);
+  const int64_t most_pairs = a.L <= LONG_KEYS ? 2 * specdec_attention_units::MOST_PAIRS
+                                              : specdec_attention_units::MOST_PAIRS;
+  std::vector<Unit> units;
+  int64_t pairs = 0;
+  bool shared_groups = false;
+  if (!amx && c.group <= most_pairs) {
+    units = rows_share(a.B, a.kv_heads, a.n, c.group, part, parts, most_pairs);
+    for (const Unit& u : units) pairs = std::max(pairs, u.rows * u.heads);
+  } else {
+    const Split split = split_work(a.B, a.kv_heads, a.n, c.group, parts,
+                                   amx ? 16 : specdec_attention_units::MOST_PAIRS);
+    const int64_t per_group = split.row_blocks * split.head_blocks;
+    int64_t begin, end;
+    specdec_parts::share(a.B * a.kv_heads * per_group, part, parts, begin, end);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / (a.kv_heads * per_group), g = (item / per_group) % a.kv_heads;
+      const int64_t r = (item % per_group) / split.head_blocks, hb = item % split.head_blocks;
+      units.push_back(Unit{b, g, r * split.rows, std::min(split.rows, c.n - r * split.rows), hb * split.heads,
+                           std::min(split.heads, c.group - hb * split.heads)});
+    }
+    pairs = split.rows * split.heads;
+    shared_groups = per_group > 1;
+  }
+  if (!units.empty()) attend_items<T>(c, units, pairs, shared_groups, amx);
 }
 
 }  // namespace

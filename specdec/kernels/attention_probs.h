@@ -22,11 +22,12 @@ struct Scratch {
   std::vector<float> qf, probs, acc, sums;  // [pairs, d] queries; [pairs, stride] scores, then probabilities;
                                             // [pairs, d] value accumulators; [pairs] their sums
   std::vector<int64_t> visible;  // [pairs] keys each pair sees
+  std::vector<int64_t> mask_from;  // [pairs] where its row's mask may first be nonzero (keys before: all 0)
   std::vector<uint32_t> qt;      // AMX: [d / 2, pairs] the queries' dims in pairs, transposed
   std::vector<uint16_t> kpad;    // AMX: [16, d] a last block of fewer than 16 keys, zero-padded
   Scratch(int64_t pairs, int64_t stride, int64_t d)
       : kt(d), top16(pairs), st(64), qf(pairs * d), probs(pairs * stride), acc(pairs * d), sums(pairs),
-        visible(pairs), qt(d / 2 * pairs), kpad(16 * d) {
+        visible(pairs), mask_from(pairs), qt(d / 2 * pairs), kpad(16 * d) {
     std::fill(reinterpret_cast<float*>(st.data()), reinterpret_cast<float*>(st.data()) + 1024, 0.0f);
   }
 };
@@ -39,7 +40,7 @@ AVX512 inline void take_scores(const Call<T>& c, const Unit& u, Scratch& w, int6
   if (seen <= 0) return;
   const __mmask16 lanes = seen == 16 ? 0xFFFF : static_cast<__mmask16>((1u << seen) - 1);
   __m512 sc = _mm512_mul_ps(raw, _mm512_set1_ps(c.scale));
-  if (c.mask != nullptr) {
+  if (c.mask != nullptr && j + 16 > w.mask_from[p]) {  // before mask_from the mask adds 0: the same bits
     alignas(64) float masked[16];
     const float* m = c.mask + u.b * c.m_b + (u.row0 + p / u.heads) * c.m_i + j * c.m_j;
     if (c.m_j != 1)
@@ -49,6 +50,20 @@ AVX512 inline void take_scores(const Call<T>& c, const Unit& u, Scratch& w, int6
   _mm512_mask_storeu_ps(w.probs.data() + p * stride + j, lanes, sc);
   __m512* const top16 = w.top16.data();
   top16[p] = _mm512_mask_max_ps(top16[p], lanes, top16[p], sc);
+}
+
+// How many of a mask row's L entries (m_j apart) lead with 0 (+0 or -0): where the row's mask may first
+// matter. A verify's rows see all their cached keys, so for them this is most of the row.
+AVX512 inline int64_t zeros_from_start(const float* m, int64_t m_j, int64_t L) {
+  int64_t j = 0;
+  if (m_j == 1)
+    for (; j + 16 <= L; j += 16) {
+      const __mmask16 set = _mm512_cmp_ps_mask(_mm512_loadu_ps(m + j), _mm512_setzero_ps(), _CMP_NEQ_UQ);
+      if (set != 0) return j + __builtin_ctz(set);
+    }
+  for (; j < L; ++j)
+    if (!(m[j * m_j] == 0.0f)) return j;
+  return L;
 }
 
 // total's lanes plus the nonzero lanes `nz` of e, as ordinals count, count + 1, ... (lane = ordinal mod 16);
@@ -81,6 +96,9 @@ AVX512 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t s
     if (!amx)
       for (int64_t ch = 0; ch < c.chunks; ++ch) _mm512_storeu_ps(w.qf.data() + p * d + 16 * ch, load16(qp + 16 * ch));
     w.visible[p] = c.visible(i);
+    if (c.mask != nullptr)
+      w.mask_from[p] = p % u.heads ? w.mask_from[p - 1]
+                                   : zeros_from_start(c.mask + u.b * c.m_b + i * c.m_i, c.m_j, c.L);
     top16[p] = _mm512_set1_ps(NEG_INF);
     most = std::max(most, w.visible[p]);
   }

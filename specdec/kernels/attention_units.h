@@ -5,6 +5,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "parts.h"
 
@@ -57,6 +58,28 @@ inline Split split_work(int64_t B, int64_t kv_heads, int64_t n, int64_t group, i
     if (heads == 1) break;
   }
   return best;
+}
+
+// Part `part` of `parts` of a call's units on the vector path, sharing out rows rather than uniform blocks:
+// the (sequence, kv group) pairs' query rows laid end to end (B * kv_heads * n of them), each part takes an
+// even contiguous run, and its run within one group is one unit with every head of the group (cut evenly
+// where it would pass most_pairs, which must be >= group). A group whose rows all fall to one part has its
+// keys read and transposed once, not once per uniform block (16 rows of SmolLM2 on 2 threads: 2 units a
+// thread instead of 3), and the parts' pair counts differ by at most one row's heads.
+inline std::vector<Unit> rows_share(int64_t B, int64_t kv_heads, int64_t n, int64_t group, int64_t part,
+                                    int64_t parts, int64_t most_pairs) {
+  const int64_t slots = B * kv_heads * n, last = slots * (part + 1) / parts;
+  std::vector<Unit> units;
+  for (int64_t at = slots * part / parts; at < last;) {
+    const int64_t bg = at / n, row0 = at % n, rows = std::min(n - row0, last - at);
+    const int64_t pieces = (rows * group + most_pairs - 1) / most_pairs;
+    for (int64_t k = 0; k < pieces; ++k) {
+      const int64_t r0 = row0 + rows * k / pieces, r1 = row0 + rows * (k + 1) / pieces;
+      if (r1 > r0) units.push_back(Unit{bg / kv_heads, bg % kv_heads, r0, r1 - r0, 0, group});
+    }
+    at += rows;
+  }
+  return units;
 }
 
 }  // namespace specdec_attention_units

@@ -26,8 +26,9 @@ class LoadedModel:
 
 
 def pick_dtype(name: str, device: torch.device | None = None) -> torch.dtype:
-    """'auto' is bfloat16 on a GPU (float16 on one without bf16 tensor cores); on a CPU, bfloat16 where
-    specdec's kernels run it natively (cpu_auto_dtype), else float32. device None: the GPU if one is visible.
+    """'auto' is bfloat16 on a GPU (float16 on one without bf16 tensor cores); on a CPU float32, with what
+    bfloat16 would do on this CPU said once (cpu_auto_dtype: the embedded target is dequantized to float32,
+    and bf16 is a different target). device None: the GPU if one is visible.
     """
     if name == "auto":
         on_gpu = torch.cuda.is_available() if device is None else device.type == "cuda"

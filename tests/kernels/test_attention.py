@@ -42,6 +42,24 @@ def test_matches_sdpa(dtype, tol):
     torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_additive_mask_from_any_key_matches_sdpa(dtype, tol):
+    """The kernel skips adding a row's mask over its leading zeros: a finite bias that starts anywhere
+    (at key 0, mid-block, at the last key, nowhere), contiguous or strided, still counts where it is."""
+    q, k, v = qkv(dtype, seed=5)
+    gen = torch.Generator().manual_seed(6)
+    mask = torch.zeros(B, 1, ROWS, KEYS)
+    for i, start in enumerate((0, 5, 17, 150, KEYS - 1, KEYS, 64)):
+        mask[:, :, i, start:] = -3.0 * torch.rand(B, 1, KEYS - start, generator=gen)
+    group = HEADS // KV_HEADS
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float().repeat_interleave(group, 1), v.float().repeat_interleave(group, 1),
+        attn_mask=mask).transpose(1, 2)
+    strided = mask.transpose(-1, -2).contiguous().transpose(-1, -2)  # keys ROWS floats apart
+    for m in (mask, strided):
+        torch.testing.assert_close(attend(q, k, v, m).float(), want, rtol=tol, atol=tol)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rows_are_invariant_bitwise(dtype):
     q, k, v = qkv(dtype, seed=1)
