@@ -53,9 +53,6 @@ using specdec_attention_amx::PvScratch;
 #define AVX512 SPECDEC_AVX512
 
 constexpr int64_t KEY_BLOCK = 64;   // value rows weighed into every pair's accumulators while in L1
-// Up to this many keys, vector-path units hold up to 2 x MOST_PAIRS pairs (16 rows of SmolLM2's 3 heads a
-// kv group): their probabilities [pairs, keys] still sit in L2 beside the group's keys and values.
-constexpr int64_t LONG_KEYS = 2048;
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
 #include "attention_probs.h"  // Scratch, unit_probs: every pair's probabilities of a unit
@@ -148,8 +145,7 @@ void attend_share(const specdec_parts::AttendArgs& a, int64_t part, int64_t part
   const Call<T> c(a);
   const bool amx = std::is_same<T, at::BFloat16>::value && a.d % 32 == 0 && c.group <= 16 &&
                    __builtin_cpu_supports("avx512bf16") && specdec_parts::amx_bf16_ready();
-  const int64_t most_pairs = a.L <= LONG_KEYS ? 2 * specdec_attention_units::MOST_PAIRS
-                                              : specdec_attention_units::MOST_PAIRS;
+  const int64_t most_pairs = specdec_attention_units::row_unit_pairs(a.L);
   std::vector<Unit> units;
   int64_t pairs = 0;
   bool shared_groups = false;
@@ -159,17 +155,9 @@ void attend_share(const specdec_parts::AttendArgs& a, int64_t part, int64_t part
   } else {
     const Split split = split_work(a.B, a.kv_heads, a.n, c.group, parts,
                                    amx ? 16 : specdec_attention_units::MOST_PAIRS);
-    const int64_t per_group = split.row_blocks * split.head_blocks;
-    int64_t begin, end;
-    specdec_parts::share(a.B * a.kv_heads * per_group, part, parts, begin, end);
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / (a.kv_heads * per_group), g = (item / per_group) % a.kv_heads;
-      const int64_t r = (item % per_group) / split.head_blocks, hb = item % split.head_blocks;
-      units.push_back(Unit{b, g, r * split.rows, std::min(split.rows, c.n - r * split.rows), hb * split.heads,
-                           std::min(split.heads, c.group - hb * split.heads)});
-    }
+    units = specdec_attention_units::split_units(split, a.B, a.kv_heads, a.n, c.group, part, parts);
     pairs = split.rows * split.heads;
-    shared_groups = per_group > 1;
+    shared_groups = split.row_blocks * split.head_blocks > 1;
   }
   if (!units.empty()) attend_items<T>(c, units, pairs, shared_groups, amx);
 }

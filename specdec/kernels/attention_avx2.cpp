@@ -242,18 +242,12 @@ template <typename T>
 void attend_share(const specdec_parts::AttendArgs& a, int64_t part, int64_t parts) {
   const Call<T> c(a);
   const Split split = specdec_attention_units::split_work(a.B, a.kv_heads, a.n, c.group, parts);
-  const int64_t per_group = split.row_blocks * split.head_blocks, stride = c.L + 16;
-  int64_t begin, end;
-  specdec_parts::share(a.B * a.kv_heads * per_group, part, parts, begin, end);
-  if (begin >= end) return;
+  const std::vector<Unit> units = specdec_attention_units::split_units(split, a.B, a.kv_heads, a.n, c.group, part,
+                                                                     parts);
+  if (units.empty()) return;
+  const int64_t stride = c.L + 16;
   Scratch w(split.rows * split.heads, stride, c.d);
-  for (int64_t item = begin; item < end; ++item) {  // a (b, g)'s units one after another: its keys stay in L2
-    const int64_t b = item / (a.kv_heads * per_group), g = (item / per_group) % a.kv_heads;
-    const int64_t r = (item % per_group) / split.head_blocks, hb = item % split.head_blocks;
-    const Unit u{b, g, r * split.rows, std::min(split.rows, c.n - r * split.rows), hb * split.heads,
-                 std::min(split.heads, c.group - hb * split.heads)};
-    unit_weigh<T>(c, u, w, stride, unit_probs<T>(c, u, w, stride));
-  }
+  for (const Unit& u : units) unit_weigh<T>(c, u, w, stride, unit_probs<T>(c, u, w, stride));
 }
 
 }  // namespace

@@ -12,6 +12,10 @@
 namespace specdec_attention_units {
 
 constexpr int64_t MOST_PAIRS = 24;  // (query row, head) pairs per unit: each key block is applied to all
+// Up to this many keys, rows_share's units hold up to 2 x MOST_PAIRS pairs (16 rows of SmolLM2's 3 heads a
+// kv group): their probabilities [pairs, keys] still sit in L2 beside the group's keys and values.
+constexpr int64_t LONG_KEYS = 2048;
+inline int64_t row_unit_pairs(int64_t keys) { return keys <= LONG_KEYS ? 2 * MOST_PAIRS : MOST_PAIRS; }
 constexpr int64_t TRANSPOSE_PAIRS = 4;  // transposing a block of keys costs about what scoring 4 pairs does
 
 // A call (parts.h's AttendArgs: pointers and element strides) with its pointers typed and what follows
@@ -58,6 +62,23 @@ inline Split split_work(int64_t B, int64_t kv_heads, int64_t n, int64_t group, i
     if (heads == 1) break;
   }
   return best;
+}
+
+// Part `part` of `parts` of split_work's units, as shared by count (a (b, g)'s units one after another,
+// so its keys stay in L2).
+inline std::vector<Unit> split_units(const Split& split, int64_t B, int64_t kv_heads, int64_t n, int64_t group,
+                                     int64_t part, int64_t parts) {
+  const int64_t per_group = split.row_blocks * split.head_blocks;
+  int64_t begin, end;
+  specdec_parts::share(B * kv_heads * per_group, part, parts, begin, end);
+  std::vector<Unit> units;
+  for (int64_t item = begin; item < end; ++item) {
+    const int64_t b = item / (kv_heads * per_group), g = (item / per_group) % kv_heads;
+    const int64_t r = (item % per_group) / split.head_blocks, hb = item % split.head_blocks;
+    units.push_back(Unit{b, g, r * split.rows, std::min(split.rows, n - r * split.rows), hb * split.heads,
+                         std::min(split.heads, group - hb * split.heads)});
+  }
+  return units;
 }
 
 // Part `part` of `parts` of a call's units on the vector path, sharing out rows rather than uniform blocks:
