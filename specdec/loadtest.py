@@ -33,6 +33,9 @@ class LevelResult:
     tau: float
     elapsed_s: float
     mean_batch_size: float = 0.0  # the server's sequences per verify forward during this level (0 = unknown)
+    # --compare: the median over rounds of this stack's throughput over the plain stack's on the same
+    # prompts (paired_speedups; 0 = not compared)
+    paired_speedup: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -42,6 +45,14 @@ def median_run(results: list[LevelResult]) -> LevelResult:
     """The run of median throughput among repeats of one level (a whole run, so its figures agree)."""
     ordered = sorted(results, key=lambda r: r.output_tokens_per_s)
     return ordered[(len(ordered) - 1) // 2]
+
+
+def paired_speedups(speculative: list[LevelResult], plain: list[LevelResult]) -> list[float]:
+    """Round r's speculative throughput over round r's plain one. `--compare` sends both stacks the
+    same prompts in a round (and other prompts in other rounds), so a round's ratio compares like with
+    like, while the two median runs may come from different rounds, whose answers differ in length."""
+    return [s.output_tokens_per_s / p.output_tokens_per_s for s, p in zip(speculative, plain)
+            if p.output_tokens_per_s > 0]
 
 
 def percentile(values: list[float], q: float) -> float:

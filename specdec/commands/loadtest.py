@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
+import statistics
 import sys
 
 from specdec.commands.serve import DEFAULT_DRAFTER, DRAFT_PLACES, DRAFTERS
@@ -49,7 +51,7 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from specdec.core.types import SamplingParams
-    from specdec.loadtest import median_run, plot, run_level
+    from specdec.loadtest import median_run, paired_speedups, plot, run_level
 
     try:
         levels = [int(c) for c in args.concurrency.split(",")]
@@ -100,12 +102,19 @@ def run(args: argparse.Namespace) -> int:
                     first_index[label] += args.requests  # every stack gets the same prompts, none twice
             for label in labels:
                 result = median_run(tries[label])
+                ratios = paired_speedups(tries[label], tries[labels[-1]]) if args.compare and label != labels[-1] else []
+                if ratios:
+                    result = dataclasses.replace(result, paired_speedup=statistics.median(ratios))
                 runs[label].append(result)
                 print(f"[{label}] concurrency {result.concurrency}: {result.output_tokens_per_s:.1f} tok/s, "
                       f"ttft p50 {result.ttft_p50_s:.2f}s p99 {result.ttft_p99_s:.2f}s, tpot p50 "
                       f"{result.tpot_p50_s * 1000:.0f}ms p99 {result.tpot_p99_s * 1000:.0f}ms, acceptance "
                       f"{result.acceptance_rate:.2f}, server batch {result.mean_batch_size:.2f}, "
                       f"errors {result.num_errors}", file=sys.stderr, flush=True)
+                if ratios:
+                    print(f"[{label}] concurrency {c}: {result.paired_speedup:.2f}x {labels[-1]} (median over "
+                          f"rounds, each on the same prompts: {', '.join(f'{r:.2f}' for r in ratios)})",
+                          file=sys.stderr, flush=True)
     if args.plot:
         plot(runs, args.plot)
     if args.json:

@@ -129,6 +129,51 @@ def test_median_run_is_one_whole_run():
     assert median_run(runs) is runs[2] and median_run(runs[:1]) is runs[0]
 
 
+def test_paired_speedups_divide_round_by_round():
+    from specdec.loadtest import LevelResult, paired_speedups
+
+    def level(tps: float) -> LevelResult:
+        return LevelResult(1, 4, 0, tps, 0.1, 0.2, 0.01, 0.02, 0.5, 1.5, 1.0)
+
+    assert paired_speedups([level(30.0), level(45.0)], [level(20.0), level(30.0)]) == [1.5, 1.5]
+    assert paired_speedups([level(30.0)], [level(0.0)]) == []  # a round with no plain output has no ratio
+
+
+def test_compare_reports_the_median_of_paired_rounds(monkeypatch, capsys):
+    """--compare: each stack's median run, plus the median of round-by-round ratios, which pair runs on
+    the same prompts (here the median runs, 200 / 100, give 2.0; the paired rounds 1.5, 1.6, 4.0)."""
+    import contextlib
+
+    import specdec.loadtest
+    from specdec.cli import main
+    from specdec.commands import loadtest as command
+    from specdec.loadtest import LevelResult
+
+    throughputs = {"speculative": [150.0, 200.0, 400.0], "no speculation": [100.0, 125.0, 100.0]}
+    calls = []
+
+    @contextlib.contextmanager
+    def fake_stack(args, drafter):
+        yield ("speculative" if drafter else "no speculation", None)
+
+    def fake_level(address, concurrency, num_requests, params, first_index=0, **kwargs):
+        calls.append((address, first_index))
+        tps = throughputs[address][first_index // num_requests]
+        return LevelResult(concurrency, num_requests, 0, tps, 0.1, 0.2, 0.01, 0.02, 0.5, 1.5, 1.0)
+
+    monkeypatch.setattr(command, "_stack", fake_stack)
+    monkeypatch.setattr(specdec.loadtest, "run_level", fake_level)
+    assert main(["loadtest", "--compare", "--drafter", "ngram", "--concurrency", "1", "--requests", "2",
+                 "--rounds", "3", "--json"]) == 0
+    assert sorted(calls) == sorted((a, i) for a in throughputs for i in (0, 2, 4))  # same prompts per round
+    out = capsys.readouterr()
+    result = json.loads(out.out)
+    assert result["speculative"][0]["output_tokens_per_s"] == 200.0
+    assert result["speculative"][0]["paired_speedup"] == 1.6
+    assert result["no speculation"][0]["paired_speedup"] == 0.0
+    assert "1.60x no speculation (median over rounds, each on the same prompts: 1.50, 1.60, 4.00)" in out.err
+
+
 def test_distinct_prompts_never_repeat_and_repeated_ones_cycle():
     from specdec.loadtest_prompts import MOST_DISTINCT, REPEATED, prompt_for
 
