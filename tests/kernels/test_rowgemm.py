@@ -73,6 +73,23 @@ def test_row_invariant_bitwise(dtype, isa):
         assert torch.equal(many[start:stop], rowgemm(x[start:stop], packed, n, isa))
 
 
+@pytest.mark.skipif(not KERNEL.runs_bf16, reason="this CPU runs no bfloat16 path (AVX2 at least)")
+@pytest.mark.parametrize("isa", BF16_ISAS)
+@pytest.mark.parametrize("n, k", [(96, 64), (160, 576), (33, 1536), (100, 77)])
+@pytest.mark.parametrize("rows", [1, 7, 16, 20])
+def test_bfloat16_tile_alone_keeps_its_bits(isa, n, k, rows):
+    """A packed tile's 32 outputs are the same bits computed alone as beside other tiles: AMX works two
+    tiles a step where k has no tail (an odd count leaves one alone), the vector paths one at a time."""
+    gen = torch.Generator().manual_seed(n * k + rows)
+    packed = pack(torch.randn(n, k, generator=gen).bfloat16())
+    x = torch.randn(rows, k, generator=gen).bfloat16()
+    every = rowgemm(x, packed, n, isa, out_fp32=True)
+    for t in range(packed.shape[0]):
+        width = min(32, n - 32 * t)
+        alone = rowgemm(x, packed[t:t + 1].contiguous(), width, isa, out_fp32=True)
+        assert torch.equal(every[:, 32 * t:32 * t + width], alone), f"tile {t}"
+
+
 def test_float32_paths_agree_bitwise():
     """AVX-512, AVX2 and scalar accumulate each output in the same order: the same bits."""
     gen = torch.Generator().manual_seed(3)
