@@ -102,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
                     first_index[label] += args.requests  # every stack gets the same prompts, none twice
             for label in labels:
                 result = median_run(tries[label])
-                ratios = paired_speedups(tries[label], tries[labels[-1]]) if args.compare and label != labels[-1] else []
+                plain = tries[labels[-1]]
+                ratios = paired_speedups(tries[label], plain) if args.compare and label != labels[-1] else []
                 if ratios:
                     result = dataclasses.replace(result, paired_speedup=statistics.median(ratios))
                 runs[label].append(result)

@@ -5,7 +5,8 @@
 // rows of 64 bytes 128 bytes apart (outputs 16-31 are the other 64 bytes). So a packed tile streams from
 // memory once per call, as on the vector paths, and each 16-pair step is two TDPBF16PS per group of up to
 // 16 rows: the arithmetic of 16 rows costs about what one row's does, and the cost stays the weights'.
-// Where k has no tail, two packed tiles go through the steps together (AMX_STEP_PAIR).
+// Where k has no tail, two packed tiles go through the steps together (AMX_STEP_PAIR), or with 17-32 rows
+// one packed tile for both row groups (AMX_STEP_GROUPS): four independent products a step either way.
 //
 // Exactness. AMX sums a step's products in its own order and precision, not VDPBF16PS's: its float32
 // results differ from the vector paths' in the last bits (checked on a Xeon: 236 of 256 outputs over
@@ -62,6 +63,16 @@ TileConfig config_for_pairs(int64_t rows) {
   TileConfig c;
   for (int t : {0, 1, 2, 5, 6}) c.rows[t] = rows, c.colsb[t] = 64;
   for (int t : {3, 4, 7}) c.rows[t] = STEP, c.colsb[t] = 64;
+  return c;
+}
+
+// Two row groups a step (17-32 rows, no tail): tiles 0, 1 and 4, 5 the accumulators of groups a and b,
+// tiles 2 and 3 their x, tiles 6 and 7 the weights, loaded once for both groups.
+TileConfig config_for_groups(int64_t rows_a, int64_t rows_b) {
+  TileConfig c;
+  for (int t : {0, 1, 2}) c.rows[t] = rows_a, c.colsb[t] = 64;
+  for (int t : {3, 4, 5}) c.rows[t] = rows_b, c.colsb[t] = 64;
+  for (int t : {6, 7}) c.rows[t] = STEP, c.colsb[t] = 64;
   return c;
 }
 
@@ -142,11 +153,62 @@ bool specdec_parts::amx_bf16_ready() {
     _tile_dpbf16ps(6, 2, 3);                                     \
   } while (0)
 
+// Step s of one packed tile for two row groups (xa, xb): the weights' two halves loaded once, four products.
+// Each accumulator runs the chain its group runs alone, so the bits are those of two passes.
+#define AMX_STEP_GROUPS(s)                                       \
+  do {                                                           \
+    const uint16_t* ws = wp + (s) * STEP * 2 * TILE;             \
+    _tile_loadd(2, xa + (s) * STEP, K2 * 4);                     \
+    _tile_loadd(6, ws, 2 * TILE * 2);                            \
+    _tile_loadd(7, ws + TILE, 2 * TILE * 2);                     \
+    _tile_dpbf16ps(0, 2, 6);                                     \
+    _tile_dpbf16ps(1, 2, 7);                                     \
+    _tile_loadd(3, xb + (s) * STEP, K2 * 4);                     \
+    _tile_dpbf16ps(4, 3, 6);                                     \
+    _tile_dpbf16ps(5, 3, 7);                                     \
+  } while (0)
+
+// 17-32 rows where k has no tail: packed tiles [begin, end) each through the steps once for both of the
+// row groups the one-group loop below would make (ceil(M / 2) rows, then the rest).
+__attribute__((target("amx-tile,amx-bf16,avx512f"))) static void amx_two_groups(
+    const uint32_t* xp, int64_t M, int64_t K2, const uint16_t* wd, int64_t n_out, char* y, bool out_fp32,
+    int64_t begin, int64_t end) {
+  const int64_t steps = K2 / STEP, elem = out_fp32 ? 4 : 2, rows_a = group_rows(M), rows_b = M - rows_a;
+  const int64_t tile_elems = K2 * 2 * TILE;
+  const uint32_t* xa = xp;
+  const uint32_t* xb = xp + rows_a * K2;
+  alignas(64) float acc[MOST][TILE];
+  const TileConfig config = config_for_groups(rows_a, rows_b);
+  asm volatile("" : : "r"(&config) : "memory");
+  _tile_loadconfig(&config);
+  for (int64_t t = begin; t < end; ++t) {
+    const uint16_t* wp = wd + t * tile_elems;
+    const char* pf = t + 1 < end ? reinterpret_cast<const char*>(wp + tile_elems) : nullptr;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(4);
+    _tile_zero(5);
+    for (int64_t s = 0; s < steps; ++s) {
+      if (pf != nullptr) prefetch_pairs(pf, s * STEP, (s + 1) * STEP);
+      AMX_STEP_GROUPS(s);
+    }
+    const int64_t col = t * TILE, nvalid = std::min(TILE, n_out - col);
+    _tile_stored(0, &acc[0][0], TILE * 4);
+    _tile_stored(1, &acc[0][16], TILE * 4);
+    store_rows(acc, rows_a, y + col * elem, n_out * elem, nvalid, out_fp32);
+    _tile_stored(4, &acc[0][0], TILE * 4);
+    _tile_stored(5, &acc[0][16], TILE * 4);
+    store_rows(acc, rows_b, y + (rows_a * n_out + col) * elem, n_out * elem, nvalid, out_fp32);
+  }
+  _tile_release();
+}
+
 // Packed tiles [begin, end): x as K2 bf16 pairs per row (uint32 [M, K2]), y [M, n_out] (bf16 or float32).
 __attribute__((target("amx-tile,amx-bf16,avx512f"))) void specdec_parts::bf16_amx_tiles(
     const uint32_t* xp, int64_t M, int64_t K2, const uint16_t* wd, int64_t n_out, char* y, bool out_fp32,
     int64_t begin, int64_t end) {
   const int64_t steps = K2 / STEP, tail = K2 % STEP, elem = out_fp32 ? 4 : 2, groups = (M + MOST - 1) / MOST;
+  if (tail == 0 && M > MOST && M <= 2 * MOST) return amx_two_groups(xp, M, K2, wd, n_out, y, out_fp32, begin, end);
   const int64_t tile_elems = K2 * 2 * TILE;  // uint16 per packed tile
   alignas(64) float acc[MOST][TILE];
   int64_t configured = 0;

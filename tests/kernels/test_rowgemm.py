@@ -81,9 +81,12 @@ def test_bfloat16_tile_alone_keeps_its_bits(isa, n, k, rows):
     """A packed tile's 32 outputs are the same bits computed alone as beside other tiles: AMX works two
     tiles a step where k has no tail (an odd count leaves one alone), the vector paths one at a time."""
     gen = torch.Generator().manual_seed(n * k + rows)
-    packed = pack(torch.randn(n, k, generator=gen).bfloat16())
+    weight = torch.randn(n, k, generator=gen).bfloat16()
+    packed = pack(weight)
     x = torch.randn(rows, k, generator=gen).bfloat16()
-    every = rowgemm(x, packed, n, isa, out_fp32=True)
+    every = rowgemm(x, packed, n, isa, out_fp32=True)  # 20 rows: AMX's two row groups a step
+    exact = x.double() @ weight.double().T
+    torch.testing.assert_close(every.double(), exact, rtol=1e-4, atol=1e-3 * k ** 0.5)
     for t in range(packed.shape[0]):
         width = min(32, n - 32 * t)
         alone = rowgemm(x, packed[t:t + 1].contiguous(), width, isa, out_fp32=True)
