@@ -208,6 +208,20 @@ def test_cost_table_interpolates_and_extrapolates():
     assert table.estimate(2) == pytest.approx(0.15)  # decayed mean
 
 
+def test_cost_table_never_prices_fewer_rows_above_more():
+    """A count first measured during a stall (9 rows: 85 ms) is bounded by a larger count's cost, so
+    the policy still picks it and measures it again, which brings its mean down."""
+    table = CostTable(decay=0.9)
+    table.record(1, 0.020)
+    table.record(9, 0.085)
+    assert table.estimate(9) == pytest.approx(0.085)  # nothing larger measured yet
+    table.record(17, 0.028)
+    assert table.estimate(9) == pytest.approx(0.028)
+    assert table.estimate(5) == pytest.approx(0.028)  # between 1 and 9 the line would say 0.0525
+    assert table.estimate(1) == pytest.approx(0.020)
+    assert table.estimate(20) > 0.028
+
+
 @pytest.mark.parametrize("min_gain, expected", [(1.0, 1), (1.1, 0)])
 def test_drafting_must_promise_min_gain_over_plain(min_gain, expected):
     """Measured: 4 rows cost 1.0, 8 rows 1.5; four sequences at alpha 0.6 expect 4 + 4 * 0.6 = 6.4 tokens

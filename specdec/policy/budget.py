@@ -51,7 +51,13 @@ class BudgetConfig:
 
 
 class CostTable:
-    """Seconds per verify forward against its padded row count: decayed means per measured count."""
+    """Seconds per verify forward against its padded row count: decayed means per measured count.
+
+    An estimate is never above a larger count's mean: a forward over more rows does not cost less, so a
+    count that measured dearer than a larger one caught a passing stall (the first measurement of a
+    count is its mean outright). Without this bound, one stalled step made its count look dear for
+    good: the policy stops choosing it, so it is never measured again (suffix decoding on a JSON prompt
+    then verified no 8-node tree for the rest of the answer: tau 1.54 against 1.68-1.76)."""
 
     def __init__(self, decay: float):
         self.decay = decay
@@ -62,6 +68,11 @@ class CostTable:
         self.means[num_rows] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
 
     def estimate(self, num_rows: int) -> float | None:
+        seconds = self._estimate(num_rows)
+        larger = [mean for rows, mean in self.means.items() if rows > num_rows]
+        return seconds if seconds is None or not larger else min(seconds, min(larger))
+
+    def _estimate(self, num_rows: int) -> float | None:
         if num_rows in self.means:
             return self.means[num_rows]
         known = sorted(self.means)
