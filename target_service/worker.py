@@ -104,7 +104,9 @@ class TargetWorker(DraftIntake):
         state = SeqState(seq, expect_drafts and session is None, session=session,
                          version=seq.version, context_len=len(seq.context), kv_tokens=kv_tokens,
                          trace_parent=self.telemetry.current_context(), owner_key=owner_key, draft_key=draft_key)
-        with self.cond:  # again: a concurrent admission may have taken the room or the id
+        with self.cond:  # again: a concurrent admission may have taken the room or the id, or the loop died
+            if self.broken is not None:  # _break ended the streams it held; this one would wait forever
+                raise Unavailable(f"target worker cannot decode: {self.broken}")
             if seq_id in self.seqs:
                 raise InvalidArgument(f"sequence {seq_id!r} is already admitted")
             self.kv.check_room(self.seqs, kv_tokens)

@@ -127,6 +127,26 @@ def test_a_failing_step_fails_only_its_sequence(target, reference):
     assert worker.broken is None and worker.info()[0] == []
 
 
+def test_an_admission_the_dead_loop_overtook_is_refused(target):
+    """The loop can die while an admission opens its sequence outside the worker's lock: _break has
+    then ended every stream it held, so the admission must be refused (UNAVAILABLE), not joined to a
+    worker that will never step it (its stream waited out its deadline)."""
+    from specdec.errors import Unavailable
+
+    worker, _ = target(None)
+    admit_on_ranks = worker.mirror.admit
+
+    def overtaken(*args):
+        opened = admit_on_ranks(*args)
+        worker._break("decode loop stopped: overtaken")  # what the loop thread does when a step raises
+        return opened
+
+    worker.mirror.admit = overtaken
+    with pytest.raises(Unavailable, match="decode loop stopped: overtaken"):
+        worker.admit("late", PROMPTS["good"], PARAMS, expect_drafts=False)
+    assert worker.info()[0] == []
+
+
 def test_a_dead_loop_says_so_and_ends_every_stream(target, tiny_models):
     faults = Faults("loop", after=3)
     worker, address = target(faults)
