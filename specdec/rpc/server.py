@@ -96,10 +96,12 @@ class Drain:
 
 
 def drain(running: RunningServer, kind: str, plan: Drain, interrupted: threading.Event) -> None:
-    """Health NOT_SERVING (routers and probes stop sending), refuse new work, wait for running work."""
+    """Refuse new work, health NOT_SERVING (routers and probes stop sending), wait for running work. In
+    that order: whoever sees NOT_SERVING can count on admissions being refused already (a request that
+    comes in between is refused as UNAVAILABLE, which a router places again elsewhere)."""
     start = time.monotonic()
-    running.set_serving(False)
     plan.begin()
+    running.set_serving(False)
     left = plan.num_running()
     print(f"specdec {kind} draining: {left} running, waiting up to {plan.timeout_s:g} s", flush=True)
     while left and time.monotonic() - start < plan.timeout_s and not interrupted.wait(0.05):

@@ -9,6 +9,7 @@ import time
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from e2e.harness import ENV, READY_TIMEOUT_S
 from specdec.client import Client
@@ -47,6 +48,22 @@ def servers(tiny_models):
 def worker_info(address: str) -> common_pb2.WorkerInfo:
     with grpc.insecure_channel(address) as channel:
         return target_pb2_grpc.TargetWorkerStub(channel).GetWorkerInfo(common_pb2.WorkerInfoRequest(), timeout=10)
+
+
+def wait_not_serving(address: str, timeout_s: float) -> None:
+    """Until the server's health says NOT_SERVING (it began to drain), polled every 5 ms."""
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            try:
+                status = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1).status
+            except grpc.RpcError:
+                return  # already gone
+            if status == health_pb2.HealthCheckResponse.NOT_SERVING:
+                return
+            time.sleep(0.005)
+    raise AssertionError(f"{address} did not start draining within {timeout_s} s")
 
 
 class Streams:
@@ -89,7 +106,10 @@ def test_sigterm_on_a_target_finishes_its_generations_and_places_nothing_new_the
     served_before = worker_info(b.address).num_served
     signalled = time.monotonic()
     a.popen.terminate()
-    short = Streams(router.address, PROMPTS, SHORT)  # at once: the router may not have heard A yet
+    # A request that reaches A before A has handled its SIGTERM is A's to finish (make test once placed both
+    # there so): wait for A to drain, but no longer, so the router may not have heard A yet.
+    wait_not_serving(a.address, timeout_s=10.0)
+    short = Streams(router.address, PROMPTS, SHORT)
     short_results = short.join()
     try:
         assert set(worker_info(a.address).sequence_ids) <= running  # A admitted nothing new while draining
