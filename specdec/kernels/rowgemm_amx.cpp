@@ -133,6 +133,15 @@ bool specdec_parts::amx_bf16_ready() {
     _tile_dpbf16ps(1, X, W1);                                    \
   } while (0)
 
+// Accumulators A0, A1 (outputs 0-15, 16-31 of packed tile t) of `rows` rows from `row` on, into y.
+#define AMX_STORE(A0, A1, t, row, rows)                                                                \
+  do {                                                                                                 \
+    _tile_stored(A0, &acc[0][0], TILE * 4);                                                            \
+    _tile_stored(A1, &acc[0][16], TILE * 4);                                                           \
+    store_rows(acc, rows, y + ((row) * n_out + (t) * TILE) * elem, n_out * elem,                       \
+               std::min(TILE, n_out - (t) * TILE), out_fp32);                                          \
+  } while (0)
+
 // Step s of packed tiles t and t + 1 (wp: tile t's): four products from one load of x. Each accumulator
 // runs the chain it runs alone (from zero, step after step), so the bits are the same; a step now holds
 // four independent products instead of two, so the tile unit has more to overlap while a product waits on
@@ -192,13 +201,8 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) static void amx_two_groups(
       if (pf != nullptr) prefetch_pairs(pf, s * STEP, (s + 1) * STEP);
       AMX_STEP_GROUPS(s);
     }
-    const int64_t col = t * TILE, nvalid = std::min(TILE, n_out - col);
-    _tile_stored(0, &acc[0][0], TILE * 4);
-    _tile_stored(1, &acc[0][16], TILE * 4);
-    store_rows(acc, rows_a, y + col * elem, n_out * elem, nvalid, out_fp32);
-    _tile_stored(4, &acc[0][0], TILE * 4);
-    _tile_stored(5, &acc[0][16], TILE * 4);
-    store_rows(acc, rows_b, y + (rows_a * n_out + col) * elem, n_out * elem, nvalid, out_fp32);
+    AMX_STORE(0, 1, t, 0, rows_a);
+    AMX_STORE(4, 5, t, rows_a, rows_b);
   }
   _tile_release();
 }
@@ -246,17 +250,8 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) void specdec_parts::bf16_am
         else
           AMX_STEP(5, 6, 7, s);  // the last `tail` pairs, on tiles shaped for them
       }
-      for (int64_t i = 0; i < width; ++i) {
-        const int64_t col = (t + i) * TILE;
-        if (i == 0) {
-          _tile_stored(0, &acc[0][0], TILE * 4);
-          _tile_stored(1, &acc[0][16], TILE * 4);
-        } else {
-          _tile_stored(5, &acc[0][0], TILE * 4);
-          _tile_stored(6, &acc[0][16], TILE * 4);
-        }
-        store_rows(acc, rows, y + (row * n_out + col) * elem, n_out * elem, std::min(TILE, n_out - col), out_fp32);
-      }
+      AMX_STORE(0, 1, t, row, rows);
+      if (pair) AMX_STORE(5, 6, t + 1, row, rows);
       row += rows;
     }
     t += width;
