@@ -132,7 +132,8 @@ def replay(drafter: SuffixDrafter, prompt_ids: list[int], answer: list[int], dep
         if policy is not None:
             nodes = tree.num_nodes if tree is not None else 0
             step_s = costs.estimate(nodes + 1)
-            policy.observe("0", _tree_depth(tree.parent_ids) if nodes else 0, n, step_s, tree.scores if nodes else None)
+            policy.observe("0", _tree_depth(tree.parent_ids) if nodes else 0, n, step_s, tree.scores if nodes else None,
+                           tree.parent_ids if nodes else None)
             cost += step_s
         if trace is not None:
             trace(session, context, tree, n, done)

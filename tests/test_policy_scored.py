@@ -44,7 +44,8 @@ def run(policy: SpeculationPolicy, trees, accepted, num_steps: int, cost=flat_th
         (cut,) = policy.allocate(["s"], [drafted], [False])
         n = accepted(cut) if cut.num_nodes else 0
         depth = max((_depth(cut, i) for i in range(cut.num_nodes)), default=0)
-        policy.observe("s", depth, n, cost(cut.num_nodes + 1), cut.scores if cut.num_nodes else None)
+        policy.observe("s", depth, n, cost(cut.num_nodes + 1), cut.scores if cut.num_nodes else None,
+                       cut.parent_ids if cut.num_nodes else None)
         verified.append(cut.num_nodes)
     return verified
 
@@ -105,6 +106,32 @@ def test_overconfident_scores_lose_their_say_and_drafting_stops():
     assert spent <= 1.10 * 400 * T_PLAIN
 
 
+def test_calibration_is_per_depth_so_a_deep_false_copy_does_not_cut_shallow_guesses_that_pay():
+    """A 16-node chain scored 0.6 at every depth (one earlier occurrence, as suffix decoding scores it)
+    that is never right, beside three first-token guesses at 0.3 of which one (token 300) always is.
+    One scale over all depths (accepted 1 of ~10 promised) would price the guesses at 0.03 each, under
+    what a row costs here (3.5% of a step), cut them and stop drafting; per depth, the first depth
+    keeps its say, the chain's deeper nodes lose theirs, and the step verifies the guesses."""
+    tokens, parents, scores = [], [], []
+    for level in range(16):
+        tokens.append(100 + level)
+        parents.append(level - 1)
+        scores.append(0.6)
+    for token in (300, 301, 302):
+        tokens.append(token)
+        parents.append(-1)
+        scores.append(0.3)
+    tree = DraftTree(tuple(tokens), tuple(parents), scores=tuple(scores))
+    policy = new_policy(max_depth=16)
+    verified = run(policy, tree, lambda cut: 1 if 300 in cut.token_ids else 0, 60,
+                   cost=lambda rows: T_PLAIN * (1 + 0.035 * (rows - 1)))
+    calibration = policy.seqs["s"].calibration
+    assert calibration.scale_at(1) > 0.5 and calibration.scale_at(3) < 0.2
+    (cut,) = policy.allocate(["s"], [tree], [False])
+    assert 300 in cut.token_ids and not {102, 103} & set(cut.token_ids)
+    assert all(verified[-10:])  # every late step drafts (no fall back to plain steps and probes)
+
+
 def test_unadaptive_policy_verifies_the_whole_scored_tree():
     policy = SpeculationPolicy(PolicyConfig(max_depth=8, adaptive=False, load_aware=False))
     policy.add("s")
@@ -145,8 +172,8 @@ def test_a_new_sequence_starts_from_the_last_ones_costs():
     seq, old = later.seqs["s"], earlier.learned
     assert seq.t_plain == old.t_plain and seq.row_costs.means == old.row_costs.means
     assert seq.row_costs is not old.row_costs  # its own table from here on
-    assert seq.calibration.scale == pytest.approx(old.calibration.scale)
-    assert seq.calibration.promised < old.calibration.promised
+    assert seq.calibration.scale_at(1) == pytest.approx(old.calibration.scale_at(1))
+    assert sum(seq.calibration.promised) < sum(old.calibration.promised)
     assert later.plan("s", 64, scored=True).depth == 8  # drafts at once
     fresh = new_policy()
     assert fresh.plan("s", 64, scored=True).depth == 0  # a first generation measures a plain step first
@@ -220,12 +247,12 @@ def test_a_step_timed_the_slow_way_teaches_acceptance_not_cost():
     policy.record(["s"], [DraftTree.empty()], [_Step(0, 0, [5])], T_PLAIN)
     policy.record(["s"], [tree], [_Step(4, 4, [1, 2, 3, 4, 5])], flat_then_steep(9))
     costs, budget_costs = dict(seq.row_costs.means), dict(policy.batch.costs.means)
-    accepted, calibration = seq.acceptance.accepted, seq.calibration.accepted
+    accepted, calibration = seq.acceptance.accepted, sum(seq.calibration.accepted)
     for _ in range(3):
         policy.record(["s"], [tree], [_Step(4, 4, [1, 2, 3, 4, 5])], 2 * flat_then_steep(9), timed=False)
         policy.record(["s"], [DraftTree.empty()], [_Step(0, 0, [5])], 2 * T_PLAIN, timed=False)
     assert seq.row_costs.means == costs and policy.batch.costs.means == budget_costs and seq.t_plain == T_PLAIN
-    assert seq.acceptance.accepted > accepted and seq.calibration.accepted > calibration
+    assert seq.acceptance.accepted > accepted and sum(seq.calibration.accepted) > calibration
 
 
 class _Step:

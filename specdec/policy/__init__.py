@@ -30,6 +30,7 @@ draws. Hence:
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from specdec.core.tree import DraftTree
@@ -99,10 +100,11 @@ class SpeculationPolicy:
             self.planned[key] = nodes
         return nodes
 
-    def scale(self, key: str) -> float:
-        """How far this sequence's drafter's own node scores proved right (1.0 = as scored)."""
+    def scale(self, key: str) -> Callable[[int], float]:
+        """How far this sequence's drafter's own node scores proved right, as the factor for a node's
+        score at each depth (1.0 = as scored)."""
         seq = self.seqs.get(key)
-        return seq.calibration.scale if seq is not None else 1.0
+        return seq.calibration.scale_at if seq is not None else (lambda depth: 1.0)
 
     def plan(self, key: str, limit: int, cap: int | None = None, scored: bool = False) -> DraftBudget:
         """How to draft this sequence's next step; limit: the deepest the sequence allows (tokens
@@ -157,16 +159,18 @@ class SpeculationPolicy:
         for key, tree, step in zip(keys, trees, steps):
             if step is not None:
                 self.observe(key, step.depth if tree.num_nodes else 0, step.num_accepted,
-                             verify_s + draft_s if timed else None, tree.scores if tree.num_nodes else None)
+                             verify_s + draft_s if timed else None, tree.scores if tree.num_nodes else None,
+                             tree.parent_ids)
 
     def observe(self, key: str, depth: int, num_accepted: int, step_s: float | None,
-                scores: tuple[float, ...] | None = None) -> None:
+                scores: tuple[float, ...] | None = None, parent_ids: tuple[int, ...] | None = None) -> None:
         """One step of one sequence: depth verified (0 = plain), accepted tokens, its seconds (None: not
-        what such a step costs), and the verified nodes' own scores where the drafter gave them."""
+        what such a step costs), and the verified nodes' own scores where the drafter gave them, with
+        their tree's parent_ids (None: a chain)."""
         seq = self.seqs.get(key)
         if seq is None:
             return
-        seq.record(depth, num_accepted, step_s, scores)
+        seq.record(depth, num_accepted, step_s, scores, parent_ids)
         if depth > 0:
             self.pool.record(depth, min(num_accepted, depth), self.depth_config.decay)
 
@@ -176,7 +180,7 @@ class SpeculationPolicy:
         seq = self.seqs.get(key)
         if seq is None or tree.scores is None or not tree.num_nodes:
             return tree
-        order = node_order(tree, seq.alpha, seq.calibration.scale)
+        order = node_order(tree, seq.alpha, seq.calibration.scale_at)
         return keep_nodes(tree, [i for i, _ in order[:agree(seq.scored_nodes([p for _, p in order]))]])
 
 

@@ -20,16 +20,16 @@ the whole depth, and the controller keeps the nodes worth their cost: the r most
 measured step seconds per verified row count (specdec.policy.budget.CostTable, as the batch budget
 keeps), not from the line in k: a tree's cost follows its rows, which on CPUs is flat and then
 steep, and a line through wide trees' costs makes one node look as dear as the average one. The
-scores are calibrated against what was accepted (accepted tokens over the tokens the verified
-nodes' scores promised, decayed), so overconfident scores lose their say, and r = 0 (a plain step)
-is probed like k = 0 above. Deciding after drafting is sound: such trees are
+scores are calibrated against what was accepted, depth by depth (accepted tokens over the tokens the
+verified nodes' scores promised at that depth, decayed: Calibration), so overconfident scores lose
+their say, and r = 0 (a plain step) is probed like k = 0 above. Deciding after drafting is sound: such trees are
 deterministic (specdec.policy: cut freely), and such drafters cheap (discarding a draft costs little).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specdec.policy.budget import CostTable
+from specdec.policy.budget import CostTable, node_depths
 
 
 @dataclass(frozen=True)
@@ -69,19 +69,59 @@ PRIOR_TOKENS = 4.0  # the calibration's neutral start, worth about one wide tree
 
 @dataclass
 class Calibration:
-    """How far a drafter's own scores proved right: decayed accepted tokens over the tokens the
-    scores of the verified nodes promised (their sum), from a neutral start (scale 1)."""
+    """How far a drafter's own scores proved right, depth by depth: at each depth of the verified
+    trees, decayed accepted tokens (the accepted path holds one node at every depth it reaches) over
+    the tokens their nodes' scores promised there (their sum: the expected accepted count at that
+    depth). Depth by depth because a drafter is wrong differently there: suffix decoding scores
+    every node of a single earlier occurrence's continuation as sure as its first, so a 16-node copy
+    promises 8 tokens at 0.5 each and mostly breaks early. One scale over all depths then fell to
+    0.1-0.2 on JSON answers and cut the shallow, branching trees that paid (the workload bench drafted
+    faster with the policy off); per depth, the deep nodes lose their say and the shallow ones keep it.
 
-    accepted: float = PRIOR_TOKENS
-    promised: float = PRIOR_TOKENS
+    A depth with little evidence leans on the one above it: its prior is the shallower depth's scale,
+    worth `weight` promised tokens (PRIOR_TOKENS at the start, decayed with the evidence, so scores that
+    are never right lose their say entirely); depth 1's is `neutral` (1.0: as scored). (Replayed on the
+    workloads with measured float32 row costs, benchmarks/suffix_trace.py: a prior worth 1 or 2 tokens
+    did no better on JSON and worse on the rest.)"""
+
+    neutral: float = 1.0
+    weight: float = PRIOR_TOKENS
+    accepted: list[float] = field(default_factory=list)  # [depth - 1]: decayed accepted tokens there
+    promised: list[float] = field(default_factory=list)  # [depth - 1]: decayed promised tokens there
+
+    def scale_at(self, depth: int) -> float:
+        """The factor for a node's score at `depth` (>= 1)."""
+        scale = self.neutral
+        for d in range(min(depth, len(self.accepted))):
+            if self.promised[d] + self.weight > 1e-9:
+                scale = (self.accepted[d] + self.weight * scale) / (self.promised[d] + self.weight)
+        return scale
 
     @property
     def scale(self) -> float:
-        return self.accepted / self.promised
+        """One figure over every depth (reports and tests): accepted over promised tokens, with the
+        neutral prior."""
+        return (sum(self.accepted) + self.weight * self.neutral) / (sum(self.promised) + self.weight)
 
-    def record(self, promised: float, num_accepted: int, decay: float) -> None:
-        self.accepted = decay * self.accepted + num_accepted
-        self.promised = decay * self.promised + promised
+    def record(self, scores, parent_ids, num_accepted: int, decay: float) -> None:
+        """One verified scored tree (its nodes' scores and parents) and the tokens it had accepted."""
+        depths = node_depths(parent_ids)
+        deepest = max(depths, default=0)
+        while len(self.accepted) < deepest:
+            self.accepted.append(0.0)
+            self.promised.append(0.0)
+        self.accepted[:] = [decay * a for a in self.accepted]
+        self.promised[:] = [decay * p for p in self.promised]
+        self.weight *= decay
+        for depth, score in zip(depths, scores):
+            self.promised[depth - 1] += score
+        for d in range(min(num_accepted, deepest)):
+            self.accepted[d] += 1.0
+
+    def prior(self) -> Calibration:
+        """A new sequence's start: this calibration's scale as its neutral point, without its evidence
+        (the depths' shape is relearnt: a new prompt copies more or less than the last one)."""
+        return Calibration(self.scale_at(1))
 
 
 @dataclass
@@ -128,8 +168,7 @@ class DepthController:
         measured itself are carried as guesses, each replaced outright by the new sequence's first
         step of that size; a guess it never replaced is not passed on, so a cost measured in a
         spike cannot keep trees of its size out of every later sequence."""
-        new = DepthController(config, acceptance, self.t_plain,
-                              calibration=Calibration(PRIOR_TOKENS * self.calibration.scale, PRIOR_TOKENS))
+        new = DepthController(config, acceptance, self.t_plain, calibration=self.calibration.prior())
         if self.row_costs is not None:
             new.row_costs = CostTable(self.row_costs.decay)
             new.row_costs.means.update({rows: seconds for rows, seconds in self.row_costs.means.items()
@@ -173,10 +212,11 @@ class DepthController:
         return best
 
     def record(self, depth: int, num_accepted: int, step_s: float | None,
-               scores: tuple[float, ...] | None = None) -> None:
+               scores: tuple[float, ...] | None = None, parent_ids: tuple[int, ...] | None = None) -> None:
         """One step's outcome: depth drafted (0 = plain step), accepted count, draft + verify seconds
         (None: the step ran slower than its size costs, so its time is not learnt); scores: the verified
-        nodes' own scores where the drafter gave them (the fit then counts nodes)."""
+        nodes' own scores where the drafter gave them (the fit then counts nodes), parent_ids: their
+        tree (None: a chain)."""
         d = self.config.decay
         if depth == 0:
             if step_s is not None:
@@ -187,7 +227,8 @@ class DepthController:
             return
         self.acceptance.record(depth, min(num_accepted, depth), d)
         if scores is not None:
-            self.calibration.record(sum(scores), num_accepted, d)
+            parents = parent_ids if parent_ids is not None else tuple(range(-1, len(scores) - 1))
+            self.calibration.record(scores, parents, num_accepted, d)
         if step_s is not None:
             self._learn_cost(depth, step_s, scores)
         self.steps_since_spec = 0
