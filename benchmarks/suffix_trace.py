@@ -26,6 +26,7 @@ import json
 import time
 from pathlib import Path
 
+from specdec.core.tree import node_depths
 from specdec.core.types import SamplingParams
 from specdec.drafters.suffix import SuffixConfig, SuffixDrafter
 from specdec.errors import InvalidArgument
@@ -78,10 +79,7 @@ def accepted_length(token_ids, parent_ids, answer: list[int]) -> int:
 
 
 def _tree_depth(parent_ids) -> int:
-    depths: list[int] = []
-    for parent in parent_ids:
-        depths.append(1 if parent < 0 else depths[parent] + 1)
-    return max(depths)
+    return max(node_depths(parent_ids))
 
 
 def row_costs(text: str) -> CostTable:

@@ -85,6 +85,14 @@ class TreeLayout:
         return len(self.depths)
 
 
+def node_depths(parent_ids) -> list[int]:
+    """Each node's depth (a root's child: 1); parents come before their children."""
+    depths: list[int] = []
+    for parent in parent_ids:
+        depths.append(1 if parent < 0 else depths[parent] + 1)
+    return depths
+
+
 @lru_cache(maxsize=256)
 def tree_layout(parent_ids: tuple[int, ...]) -> TreeLayout:
     """Derive the layout of a tree shape; cached because static trees repeat every step."""

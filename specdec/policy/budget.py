@@ -28,7 +28,7 @@ import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specdec.core.tree import DraftTree
+from specdec.core.tree import DraftTree, node_depths
 
 NO_CAP = 1 << 16  # "no node limit": the sequence's own depth choice decides
 
@@ -196,27 +196,13 @@ class BatchBudget:
             self.steps_since_probe = 0
 
 
-def node_depths(parent_ids) -> list[int]:
-    """Each node's depth (a root's child: 1); parents come before their children."""
-    depths: list[int] = []
-    for parent in parent_ids:
-        depths.append(1 if parent < 0 else depths[parent] + 1)
-    return depths
-
-
 def node_order(tree: DraftTree, alpha: float, scale: float | Callable[[int], float] = 1.0) -> list[tuple[int, float]]:
     """(node, P(node)) most likely first; a node comes after its parent (and, unscored, its earlier
     siblings). P(node): the tree's own scores times `scale` (how far they proved right: one factor, or
     one per depth, scale(depth) with a root's child at depth 1) where it has them, else the chain
     model, alpha for the first child and (1 - alpha) less for each later one. A node is never more
     likely than its parent, so every prefix of the order is a tree."""
-    factors: dict[int, float] = {}  # scale(depth), worked out once a depth
-
-    def factor(depth: int) -> float:
-        if depth not in factors:
-            factors[depth] = scale(depth) if callable(scale) else scale
-        return factors[depth]
-
+    factor = scale if callable(scale) else (lambda depth: scale)
     probs, rank, seen = [], [], {}
     depths = node_depths(tree.parent_ids) if tree.scores is not None else []
     for i, parent in enumerate(tree.parent_ids):

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specdec.policy.budget import CostTable, node_depths
+from specdec.core.tree import node_depths
+from specdec.policy.budget import CostTable
 
 
 @dataclass(frozen=True)
@@ -80,28 +81,23 @@ class Calibration:
 
     A depth with little evidence leans on the one above it: its prior is the shallower depth's scale,
     worth `weight` promised tokens (PRIOR_TOKENS at the start, decayed with the evidence, so scores that
-    are never right lose their say entirely); depth 1's is `neutral` (1.0: as scored). (Replayed on the
-    workloads with measured float32 row costs, benchmarks/suffix_trace.py: a prior worth 1 or 2 tokens
-    did no better on JSON and worse on the rest.)"""
+    are never right lose their say entirely); depth 1's is `neutral` (1.0: as scored)."""
 
     neutral: float = 1.0
     weight: float = PRIOR_TOKENS
     accepted: list[float] = field(default_factory=list)  # [depth - 1]: decayed accepted tokens there
     promised: list[float] = field(default_factory=list)  # [depth - 1]: decayed promised tokens there
+    scales: list[float] | None = None  # [depth - 1]: scale_at's answers, worked out once after each record
 
     def scale_at(self, depth: int) -> float:
-        """The factor for a node's score at `depth` (>= 1)."""
-        scale = self.neutral
-        for d in range(min(depth, len(self.accepted))):
-            if self.promised[d] + self.weight > 1e-9:
-                scale = (self.accepted[d] + self.weight * scale) / (self.promised[d] + self.weight)
-        return scale
-
-    @property
-    def scale(self) -> float:
-        """One figure over every depth (reports and tests): accepted over promised tokens, with the
-        neutral prior."""
-        return (sum(self.accepted) + self.weight * self.neutral) / (sum(self.promised) + self.weight)
+        """The factor for a node's score at `depth` (>= 1); below the deepest depth seen, the deepest's."""
+        if self.scales is None:
+            scale, self.scales = self.neutral, []
+            for accepted, promised in zip(self.accepted, self.promised):
+                if promised + self.weight > 1e-9:
+                    scale = (accepted + self.weight * scale) / (promised + self.weight)
+                self.scales.append(scale)
+        return self.scales[min(depth, len(self.scales)) - 1] if self.scales else self.neutral
 
     def record(self, scores, parent_ids, num_accepted: int, decay: float) -> None:
         """One verified scored tree (its nodes' scores and parents) and the tokens it had accepted."""
@@ -117,6 +113,7 @@ class Calibration:
             self.promised[depth - 1] += score
         for d in range(min(num_accepted, deepest)):
             self.accepted[d] += 1.0
+        self.scales = None
 
     def prior(self) -> Calibration:
         """A new sequence's start: this calibration's scale as its neutral point, without its evidence
