@@ -20,6 +20,10 @@ HEADERS = [Path(__file__).with_name(name) for name in ("attention_amx.h", "atten
 NAME = "specdec_rowgemm"
 ISA_NAMES = ("scalar", "avx2", "avx512", "avx512_bf16", "amx_bf16")  # rowgemm.cpp's Isa enum, by value
 ROWS_AVX512 = 2  # layer_rows.h's Isa (rows_isa()): the AVX-512 path of the row kernels (argmax, top_probs)
+# Builds of other source versions kept beside this one (checkouts and A/B worktrees share the cache, each
+# loading its own); older ones, by last use, are removed when a new build is made (~4.4 MB each).
+KEEP_OTHER_BUILDS = 5
+USED_MARK = "last_used"  # touched at every load: the cache's order of last use
 
 
 @dataclass(frozen=True)
@@ -69,10 +73,12 @@ def load_kernel() -> Kernel:
 
         build_dir = cache_dir() / "kernels" / _sources_digest()
         build_dir.mkdir(parents=True, exist_ok=True)
-        module = _built(build_dir) or load(name=NAME, sources=[str(s) for s in SOURCES],
-                                           build_directory=str(build_dir), extra_cflags=list(CFLAGS),
-                                           extra_ldflags=list(LDFLAGS),
-                                           verbose=False)
+        module = _built(build_dir)
+        if module is None:
+            module = load(name=NAME, sources=[str(s) for s in SOURCES], build_directory=str(build_dir),
+                          extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS), verbose=False)
+            prune_builds(build_dir.parent, build_dir, KEEP_OTHER_BUILDS)
+        (build_dir / USED_MARK).touch()
     except Exception as exc:  # noqa: BLE001 (any build failure means: keep torch's kernels)
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         return Kernel(None, f"the rowgemm extension did not build ({first[:200]})")
@@ -88,6 +94,29 @@ def _sources_digest() -> str:
     for src in SOURCES + HEADERS:
         digest.update(src.name.encode() + b"\0" + src.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def prune_builds(root: Path, current: Path, keep: int) -> list[Path]:
+    """Remove the builds under root but `current` and the `keep` last used; returns what was removed.
+
+    A process that still has a removed build loaded keeps running (the library stays mapped); a checkout
+    whose build went rebuilds it on its next start."""
+    import shutil
+
+    def last_used(build: Path) -> float:
+        for name in (USED_MARK, f"{NAME}.so"):
+            if (build / name).exists():
+                return (build / name).stat().st_mtime
+        return build.stat().st_mtime
+
+    others = [d for d in root.iterdir() if d.is_dir() and d != current and len(d.name) == 16
+              and all(c in "0123456789abcdef" for c in d.name)]  # only _sources_digest's folders
+    stale = sorted(others, key=last_used, reverse=True)[keep:]
+    for build in stale:
+        shutil.rmtree(build, ignore_errors=True)
+    if stale:
+        log.info("removed %d old kernel builds from %s", len(stale), root)
+    return stale
 
 
 def _built(build_dir: Path):
