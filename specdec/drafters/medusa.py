@@ -88,6 +88,12 @@ class HeadGuesses:
 
 
 class MedusaSession:
+    # Every tree is scored (a node: the product of its heads' probabilities along its path), so the
+    # speculation policy keeps the nodes worth their verify cost, as it does for EAGLE's trees: a static
+    # tree of many ranked paths is then cheap where verify rows are (bf16), cut to a few where they are
+    # not (float32), instead of one fixed size for every machine.
+    scores_nodes = True
+
     def __init__(self, drafter: MedusaDrafter):
         self.drafter = drafter
         self.batch_owner = drafter  # sessions of one drafter draft faster together (prepare)
@@ -100,14 +106,14 @@ class MedusaSession:
 
     def propose(self, context_ids: list[int], max_tokens: int, params: SamplingParams,
                 generator: torch.Generator | None, max_nodes: int | None = None) -> DraftTree:
-        return self.draft(max_tokens, max_nodes, with_scores=False)
+        return self.draft(max_tokens, max_nodes, with_scores=True)
 
     @torch.inference_mode()
     def draft(self, max_tokens: int, max_nodes: int | None, with_scores: bool) -> DraftTree:
         """The static tree filled from the heads' top candidates. with_scores: each node also carries
         the product, along its path, of the heads' probabilities of its candidates (each head's
-        marginal, so a rough estimate of the path's acceptance), for a caller that weighs Medusa's
-        nodes against another drafter's scored ones (specdec.drafters.hybrid)."""
+        marginal, so a rough estimate of the path's acceptance, which the policy calibrates per depth
+        against what was accepted); the hybrid drafter weighs them against suffix decoding's."""
         hidden = getattr(self.sequence, "hidden", None)  # [H]
         if max_tokens <= 0 or hidden is None:
             return DraftTree.empty()

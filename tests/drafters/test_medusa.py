@@ -81,6 +81,42 @@ def test_proposal_is_a_valid_tree_bounded_by_depth(tiny_target, tiny_medusa_dir)
     tree = session.propose([1, 2, 3], 2, GREEDY, None)
     tree.validate(96, 64)
     assert 1 <= tree.num_nodes and all(p < i for i, p in enumerate(tree.parent_ids))
+    # scored, so the policy sizes it: every node a probability, never above its parent's
+    assert session.scores_nodes and tree.scores is not None and len(tree.scores) == tree.num_nodes
+    assert all(0.0 <= s <= 1.0 for s in tree.scores)
+    assert all(p < 0 or tree.scores[i] <= tree.scores[p] for i, p in enumerate(tree.parent_ids))
+
+
+def test_tree_ranking_on_fresh_text_is_closed_and_ordered(tiny_features, tiny_medusa_dir):
+    """medusa_tree ranks paths by how often they were right: every path after its prefix, the
+    probabilities falling, a path's never above its prefix's (it is right only where the prefix is)."""
+    from specdec.training.medusa_tree import rank_paths
+
+    target, fs = tiny_features
+    paths, probs, top1 = rank_paths(tiny_medusa_dir, fs, target.model.get_output_embeddings().weight, 20, 4)
+    assert 1 <= len(paths) <= 20 and len(top1) == 4
+    assert all(path[:-1] in paths[:i] for i, path in enumerate(paths) if len(path) > 1)
+    assert all(a >= b for a, b in zip(probs, probs[1:]))
+    where = dict(zip(paths, probs))
+    assert all(where[path] <= where[path[:-1]] for path in paths if len(path) > 1)
+    assert where.get((0,), 0.0) == pytest.approx(top1[0], abs=1e-6)  # path (0,): head 0's top-1, same positions
+
+
+def test_tree_ranking_refuses_the_heads_own_training_text(tiny_medusa_dir, tmp_path, capsys):
+    import json
+    import shutil
+
+    from specdec.training.medusa_tree import main, trained_seeds
+
+    tiny_medusa_dir = shutil.copytree(tiny_medusa_dir, tmp_path / "medusa")  # the fixture is shared: a copy
+    record = {"feature_shards": [{"seed": 3}], "result": {"sitting_history": [{"feature_seeds": [5, 6]}]},
+              "init": {"init": {"feature_seeds": [9]}}}
+    assert trained_seeds(record) == {3, 5, 6, 9}
+    (tiny_medusa_dir / "recipe.json").write_text(json.dumps({**json.loads((tiny_medusa_dir / "recipe.json").read_text()),
+                                                             "feature_shards": [{"seed": 41}]}))
+    assert main(["--checkpoint", str(tiny_medusa_dir), "--seeds", "97,41"]) == 2
+    assert "[41]" in capsys.readouterr().err
+    assert main(["--checkpoint", str(tiny_medusa_dir / "missing")]) == 2
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
