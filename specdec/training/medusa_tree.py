@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-prompts", type=int, default=128, help="prompts per shard")
     p.add_argument("--num-paths", type=int, default=48)
     p.add_argument("--max-rank", type=int, default=10, help="candidates per head a path may use")
+    p.add_argument("--target", default=None, help="the heads' target checkpoint (default: the embedded SmolLM2)")
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)
     try:
@@ -85,19 +86,23 @@ def main(argv: list[str] | None = None) -> int:
     from specdec.training.features import FeatureCacheConfig, build_or_load, concat
 
     torch.set_num_threads(max(args.threads, 1))
-    target = load_model(None, torch.float32)
+    target = load_model(args.target, torch.float32)
+    config = json.loads((checkpoint / "medusa_config.json").read_text())
+    head_weight = target.model.get_output_embeddings().weight.detach()
+    if (config["target_vocab_size"], config["hidden_size"]) != tuple(head_weight.shape):
+        print(f"error: the heads are for a target with vocabulary {config['target_vocab_size']} and hidden size "
+              f"{config['hidden_size']}, not {tuple(head_weight.shape)}: pass its --target", file=sys.stderr)
+        return 2
     shards = [FeatureCacheConfig(seed=s, num_prompts=args.num_prompts, num_passages=0, bf16=True) for s in seeds]
     fs = concat([build_or_load(target, shard, cache_dir()) for shard in shards])
-    head_weight = target.model.get_output_embeddings().weight.detach()
     paths, probs, top1 = rank_paths(checkpoint, fs, head_weight, args.num_paths, args.max_rank)
     config_path = checkpoint / "medusa_config.json"
-    config = json.loads(config_path.read_text())
     before = {tuple(p) for p in config["tree_paths"]}
     measured = dict(zip(paths, probs))
     config["tree_paths"] = [list(path) for path in paths]
     config_path.write_text(json.dumps(config))
     record = {"command": "python -m specdec.training.medusa_tree " + " ".join(argv or sys.argv[1:]),
-              "seeds": seeds, "num_tokens": len(fs.ids), "heldout_top1_per_head": top1,
+              "seeds": seeds, "num_tokens": len(fs.ids), "top1_per_head": top1,
               "expected_accepted_per_step": {"before": round(sum(measured.get(p, 0.0) for p in before), 4),
                                              "after": round(sum(probs), 4)},
               "num_paths": {"before": len(before), "after": len(paths)},

@@ -117,6 +117,10 @@ def test_tree_ranking_refuses_the_heads_own_training_text(tiny_medusa_dir, tmp_p
     assert main(["--checkpoint", str(tiny_medusa_dir), "--seeds", "97,41"]) == 2
     assert "[41]" in capsys.readouterr().err
     assert main(["--checkpoint", str(tiny_medusa_dir / "missing")]) == 2
+    # heads of the tiny target, ranked against the embedded SmolLM2 by default: refused before any shard is built
+    assert main(["--checkpoint", str(tiny_medusa_dir), "--seeds", "97"]) == 2
+    assert "pass its --target" in capsys.readouterr().err
+    assert json.loads((tiny_medusa_dir / "medusa_config.json").read_text())["tree_paths"]  # left as it was
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
