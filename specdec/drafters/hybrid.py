@@ -123,7 +123,7 @@ class HybridSession:
         suffix = self.suffix.propose(context_ids, max_tokens, params, generator, max_nodes)
         if suffix.q is not None:  # sampled: only exact alone (see the module docstring)
             return suffix
-        medusa = self._medusa(context_ids, max_tokens, params, generator, max_nodes)
+        medusa = self.medusa.propose(context_ids, max_tokens, params, generator, max_nodes)
         if medusa.q is not None:
             return suffix
         if self.config.mode == "choose":
@@ -131,12 +131,6 @@ class HybridSession:
         if not suffix.num_nodes:
             return medusa
         return merge_trees(suffix, medusa, max_nodes)
-
-    def _medusa(self, context_ids, max_tokens, params, generator, max_nodes) -> DraftTree:
-        draft = getattr(self.medusa, "draft", None)
-        if draft is None:  # a session without scores (tests stand one in): drafted as any drafter
-            return self.medusa.propose(context_ids, max_tokens, params, generator, max_nodes)
-        return draft(max_tokens, max_nodes, with_scores=True)
 
     def close(self, context_ids: list[int], num_prompt_tokens: int) -> None:
         """The generation ended: its output joins the suffix drafter's global store."""

@@ -106,14 +106,14 @@ class MedusaSession:
 
     def propose(self, context_ids: list[int], max_tokens: int, params: SamplingParams,
                 generator: torch.Generator | None, max_nodes: int | None = None) -> DraftTree:
-        return self.draft(max_tokens, max_nodes, with_scores=True)
+        return self.draft(max_tokens, max_nodes)
 
     @torch.inference_mode()
-    def draft(self, max_tokens: int, max_nodes: int | None, with_scores: bool) -> DraftTree:
-        """The static tree filled from the heads' top candidates. with_scores: each node also carries
-        the product, along its path, of the heads' probabilities of its candidates (each head's
-        marginal, so a rough estimate of the path's acceptance, which the policy calibrates per depth
-        against what was accepted); the hybrid drafter weighs them against suffix decoding's."""
+    def draft(self, max_tokens: int, max_nodes: int | None) -> DraftTree:
+        """The static tree filled from the heads' top candidates, each node scored with the product,
+        along its path, of the heads' probabilities of its candidates (each head's marginal, so a rough
+        estimate of the path's acceptance, which the policy calibrates per depth against what was
+        accepted; the hybrid drafter weighs them against suffix decoding's)."""
         hidden = getattr(self.sequence, "hidden", None)  # [H]
         if max_tokens <= 0 or hidden is None:
             return DraftTree.empty()
@@ -127,8 +127,6 @@ class MedusaSession:
         top = ready.top[:shape.num_heads]  # [heads used, R]
         candidates = top.flatten().tolist()  # [heads used * R] indices into the reduced vocabulary
         tokens = tuple(d.vocab_list[candidates[i]] for i in shape.picks)  # target token ids
-        if not with_scores:
-            return DraftTree(tokens, shape.parents, None)
         probs = ready.probs[:shape.num_heads].flatten().tolist()  # [heads used * R]
         scores = []
         for node, parent in enumerate(shape.parents):  # a path's product: its parent's times its own pick

@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         checkpoint = Path(args.checkpoint)
-        if not (checkpoint / "medusa_config.json").is_file():
+        config_path = checkpoint / "medusa_config.json"
+        if not config_path.is_file():
             raise InvalidArgument(f"--checkpoint {args.checkpoint!r}: no medusa_config.json there")
         seeds = [int(s) for s in args.seeds.split(",")]
         if args.num_paths < 1 or args.max_rank < 1 or args.num_prompts < 1:
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(max(args.threads, 1))
     target = load_model(args.target, torch.float32)
-    config = json.loads((checkpoint / "medusa_config.json").read_text())
+    config = json.loads(config_path.read_text())
     head_weight = target.model.get_output_embeddings().weight.detach()
     if (config["target_vocab_size"], config["hidden_size"]) != tuple(head_weight.shape):
         print(f"error: the heads are for a target with vocabulary {config['target_vocab_size']} and hidden size "
@@ -96,7 +97,6 @@ def main(argv: list[str] | None = None) -> int:
     shards = [FeatureCacheConfig(seed=s, num_prompts=args.num_prompts, num_passages=0, bf16=True) for s in seeds]
     fs = concat([build_or_load(target, shard, cache_dir()) for shard in shards])
     paths, probs, top1 = rank_paths(checkpoint, fs, head_weight, args.num_paths, args.max_rank)
-    config_path = checkpoint / "medusa_config.json"
     before = {tuple(p) for p in config["tree_paths"]}
     measured = dict(zip(paths, probs))
     config["tree_paths"] = [list(path) for path in paths]

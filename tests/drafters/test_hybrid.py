@@ -131,7 +131,7 @@ def test_union_drafts_from_both_sources(tiny_target, tiny_medusa_dir):
     context = PROMPTS[0]
     tree = session.propose(context, 4, GREEDY, None)
     suffix = session.suffix.propose(context, 4, GREEDY, None)
-    medusa = session.medusa.draft(4, None, with_scores=True)
+    medusa = session.medusa.draft(4, None)
     assert suffix.num_nodes and medusa.num_nodes
     assert _paths(tree) == _paths(merge_trees(suffix, medusa))
     assert all(0.0 <= s <= 1.0 for s in medusa.scores)
