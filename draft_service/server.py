@@ -38,17 +38,21 @@ class DraftServicer(draft_pb2_grpc.DraftWorkerServicer):
 def build_drafter(config: DraftConfig):
     """(drafter, model path, vocab size). The draft model is loaded without its target: only the
     target's config.json is read, to check that the vocabularies agree."""
+    from specdec.drafters import parse_options
+
+    options = parse_options(config.drafter, config.drafter_options)  # over the config's own fields
     if config.drafter == "ngram":
         from specdec.drafters.ngram import NgramConfig, NgramDrafter
 
         # Scores do not cross the wire (the target sizes a received tree by its one acceptance rate), so the
         # worker keeps the unscored rule that estimate was tuned on: 2-3-token matches, depth x width nodes.
-        return NgramDrafter(NgramConfig(max_ngram=3, min_ngram=2, num_branches=config.tree_width,
-                                        num_nodes=config.num_speculative_tokens * config.tree_width)), "", 0
+        defaults = dict(max_ngram=3, min_ngram=2, num_branches=config.tree_width,
+                        num_nodes=config.num_speculative_tokens * config.tree_width)
+        return NgramDrafter(NgramConfig(**{**defaults, **options})), "", 0
     if config.drafter == "suffix":  # its global store of earlier outputs is this worker's own
-        from specdec.drafters.suffix import SuffixDrafter
+        from specdec.drafters.suffix import SuffixConfig, SuffixDrafter
 
-        return SuffixDrafter(), "", 0
+        return SuffixDrafter(SuffixConfig(**options)), "", 0
     from transformers import AutoConfig, AutoTokenizer
 
     from specdec.drafters import RANDOM_DRAFT, no_draft_model_reason
@@ -78,7 +82,8 @@ def build_drafter(config: DraftConfig):
                               f"({target_config.vocab_size})")
     drafter = DraftModelDrafter(ModelRunner(draft.model, load_vocab_ids(path), RunnerConfig(kv_cache=config.kv_cache,
                                                                                    linear_kernel=config.linear_kernel)),
-                                DraftModelConfig(tree_width=config.tree_width, q_top_n=config.q_top_n))
+                                DraftModelConfig(**{"tree_width": config.tree_width, "q_top_n": config.q_top_n,
+                                                    **options}))
     return drafter, str(Path(path)), draft.model.config.vocab_size
 
 

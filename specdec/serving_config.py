@@ -7,14 +7,23 @@ flags and the launcher that spawns workers can never disagree about a name.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.config_fields import build_config
 from specdec.core.types import (DEFAULT_KV_CACHE, DEFAULT_LINEAR_KERNEL, DEFAULT_PREFIX_CACHE_MB, check_device_name,
                                 check_kv_cache, check_linear_kernel)
+from specdec.drafters import parse_options
 from specdec.errors import InvalidArgument
 from specdec.security_config import LOOPBACK, SecurityConfig
+
+
+def _normalize_drafter_options(config) -> None:
+    """A config's drafter_options checked against its drafter and kept as canonical JSON text (a YAML mapping
+    or a flag's JSON both end up the same string, which config_to_argv passes on unchanged)."""
+    options = parse_options(config.drafter, config.drafter_options)
+    object.__setattr__(config, "drafter_options", json.dumps(options, sort_keys=True) if options else "")
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,9 @@ class TargetConfig:
     # eagle | eagle3. Medusa and EAGLE heads read the target's features, so they can only run here.
     drafter: str = "none"
     draft: str | None = None  # trained checkpoint dir of that drafter (None = the shipped one: embedded target only)
+    # That drafter's options, as Engine.from_pretrained takes them (e.g. {"mode": "choose"} for hybrid): a mapping
+    # in YAML, a JSON object on the command line; kept as its JSON text (a frozen config stays hashable).
+    drafter_options: str = ""
     num_speculative_tokens: int = 8
     adaptive: bool = True
     # Trim every batch's drafts to the depth that measured costs and acceptance say pays at this batch
@@ -76,6 +88,7 @@ class TargetConfig:
         check_kv_cache(self.kv_cache)
         check_linear_kernel(self.linear_kernel)
         check_device_name(self.device)
+        _normalize_drafter_options(self)
         if not 0.0 < self.gpu_memory_fraction <= 1.0:
             raise InvalidArgument(f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}")
         if (self.draft_wait_s < 0 or self.drain_timeout_s < 0 or self.batch_wait_s < 0 or self.max_missed_drafts < 0 or self.max_tree_nodes < 1
@@ -109,6 +122,7 @@ class DraftConfig:
     kv_cache: str = DEFAULT_KV_CACHE  # the draft model's KV cache: static | dynamic
     device: str = "auto"  # the draft model's device: auto | cpu | cuda | cuda:N (its own GPU, if it has one)
     linear_kernel: str = DEFAULT_LINEAR_KERNEL  # the draft model's linear layers: auto | specdec | torch
+    drafter_options: str = ""  # as TargetConfig's: the drafter's options (over the fields above where both name one)
 
     def __post_init__(self) -> None:
         check_kv_cache(self.kv_cache)
@@ -116,6 +130,7 @@ class DraftConfig:
         check_device_name(self.device)
         if self.drafter not in ("ngram", "suffix", "draft"):
             raise InvalidArgument(f"drafter must be ngram, suffix or draft, got {self.drafter!r}")
+        _normalize_drafter_options(self)
         if (self.num_speculative_tokens < 1 or self.drain_timeout_s < 0 or self.tree_width < 1 or self.q_top_n < 0
                 or not 0.0 <= self.pipeline_min_hit <= 1.0 or self.metrics_port < -1):
             raise InvalidArgument(f"invalid draft config {self}")

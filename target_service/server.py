@@ -116,7 +116,7 @@ def serve(config: TargetConfig) -> int:
 
     import torch
 
-    from specdec.drafters import build_drafter
+    from specdec.drafters import build_drafter, parse_options
     from specdec.engine import Engine, EngineConfig
     from specdec import kv_budget
     from specdec.device import placement
@@ -136,7 +136,8 @@ def serve(config: TargetConfig) -> int:
     engine_config = EngineConfig(num_speculative_tokens=config.num_speculative_tokens, adaptive=config.adaptive,
                                  runner=runner)
     # a follower has no drafter, no gRPC, only rank 0's model calls
-    drafter = None if rank > 0 else build_drafter(config.drafter, loaded, config.draft, {}, dtype,
+    options = parse_options(config.drafter, config.drafter_options)
+    drafter = None if rank > 0 else build_drafter(config.drafter, loaded, config.draft, options, dtype,
                                                   RunnerConfig(kv_cache=config.kv_cache,
                                                                linear_kernel=config.linear_kernel))
     engine = Engine(loaded, drafter, engine_config)

@@ -34,6 +34,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--num-speculative-tokens", type=int, default=None,
                    help="most draft tokens per step (default: the drafter's own; 8, suffix and ngram 16)")
     p.add_argument("--tree-width", type=int, default=1, help="branches per level (1 = a chain)")
+    p.add_argument("--drafter-options", default="", metavar="JSON",
+                   help='the drafter\'s options as a JSON object, e.g. \'{"mode": "choose"}\' (over --tree-width)')
     p.add_argument("--no-adaptive", action="store_true", help="always draft the maximum")
     p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree: run the engine as N processes")
@@ -63,9 +65,13 @@ def add_parser(subparsers) -> None:
 
 
 def drafter_options(args: argparse.Namespace) -> dict:
+    from specdec.drafters import parse_options
+
+    given = parse_options(args.drafter, getattr(args, "drafter_options", ""))
     if args.tree_width == 1:
-        return {}
-    return {"num_branches": args.tree_width} if args.drafter == "ngram" else {"tree_width": args.tree_width}
+        return given
+    width = {"num_branches": args.tree_width} if args.drafter == "ngram" else {"tree_width": args.tree_width}
+    return {**width, **given}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -33,6 +33,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--drafter", default=DEFAULT_DRAFTER, metavar="{%s}[,...]" % ",".join(DRAFTERS),
                    help="drafter of the local stack; with --compare a comma-separated list: one speculative stack "
                         "per drafter, all alternating with the no-speculation one")
+    p.add_argument("--drafter-options", default="", metavar="JSON",
+                   help="local stack: the drafter's options as a JSON object (as `specdec serve --drafter-options`; "
+                        "with several drafters, each must take them)")
     p.add_argument("--draft-in", choices=DRAFT_PLACES, default="worker",
                    help="local stack: ngram / suffix / draft in a draft worker process or inside the target worker")
     p.add_argument("--target", default=None, help="target checkpoint dir of the local stack (default: embedded)")
@@ -141,6 +144,7 @@ def local_stack_config(args: argparse.Namespace, drafter: str | None):
 
     no_spec = drafter is None
     ns = argparse.Namespace(config=None, target=args.target, drafter=drafter or DEFAULT_DRAFTER, draft=None,
+                            drafter_options=args.drafter_options if drafter else "",
                             draft_in=args.draft_in, dtype=args.dtype, port=0,
                             http_port=0, api_keys_file=None, no_pipeline=False, metrics_port=-1, host=None,
                             insecure=False, device="auto", linear_kernel="auto")

@@ -29,6 +29,9 @@ def add_parser(subparsers) -> None:
                    help="ngram / suffix / draft run in a draft worker; medusa / eagle heads and hybrid (suffix + medusa) "
                         "run inside the target worker")
     p.add_argument("--draft", default=None, help="trained drafter checkpoint dir (draft, medusa, eagle, eagle3; hybrid: medusa's)")
+    p.add_argument("--drafter-options", default="", metavar="JSON",
+                   help='the drafter\'s options as a JSON object, e.g. \'{"mode": "choose"}\' for hybrid or '
+                        '\'{"num_nodes": 24}\' for suffix (the names Engine.from_pretrained takes)')
     p.add_argument("--draft-in", choices=DRAFT_PLACES, default="worker",
                    help="where ngram / suffix / draft run: a draft worker process (default) or inside the target "
                         "worker (no draft round trip per step; the heads always run there)")
@@ -92,13 +95,14 @@ def _stack_config(args: argparse.Namespace) -> StackConfig:
     if args.drafter in SELF_DRAFTERS or args.draft_in == "target":
         return StackConfig(router=router, drafts=(),
                            targets=(TargetConfig(model=args.target, dtype=args.dtype, drafter=args.drafter,
-                                                 draft=args.draft, metrics_port=workers, device=args.device,
+                                                 draft=args.draft, drafter_options=args.drafter_options,
+                                                 metrics_port=workers, device=args.device,
                                                  linear_kernel=args.linear_kernel),))
     return StackConfig(router=router,
                        targets=(TargetConfig(model=args.target, dtype=args.dtype, metrics_port=workers,
                                              device=args.device, linear_kernel=args.linear_kernel),),
                        drafts=(DraftConfig(drafter=args.drafter, model=args.draft, target_model=args.target,
-                                           dtype=args.dtype, pipeline=not args.no_pipeline, metrics_port=workers,
+                                           drafter_options=args.drafter_options, dtype=args.dtype, pipeline=not args.no_pipeline, metrics_port=workers,
                                            device=args.device, linear_kernel=args.linear_kernel),))
 
 

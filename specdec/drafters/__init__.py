@@ -1,6 +1,8 @@
 """Independent drafters behind one interface, and the factory the engine and CLI use."""
 from __future__ import annotations
 
+import json
+
 from specdec.errors import InvalidArgument
 
 DRAFTERS = ("none", "ngram", "suffix", "draft", "medusa", "eagle", "eagle3", "hybrid")
@@ -24,6 +26,26 @@ SELF_DRAFTERS = ("medusa", "eagle", "eagle3", "hybrid")  # read the target's fea
 CHECKPOINT_OF = {"hybrid": "medusa"}
 
 
+def parse_options(name: str, options) -> dict:
+    """A drafter's options as a deployment gives them (a mapping, or its JSON text; "" = none), checked
+    against what `name` takes: the same refusal build_drafter gives, but when the config is read, before
+    any weight loads."""
+    if isinstance(options, str):
+        try:
+            options = json.loads(options) if options.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise InvalidArgument(f"drafter_options must be a JSON object, got {options!r} ({exc.msg})") from None
+    if not isinstance(options, dict):
+        raise InvalidArgument(f"drafter_options must be a mapping of option names to values, got {options!r}")
+    if name not in DRAFTER_OPTIONS:
+        raise InvalidArgument(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
+    unknown = set(options) - DRAFTER_OPTIONS[name]
+    if unknown:
+        valid = ", ".join(sorted(DRAFTER_OPTIONS[name])) or "none"
+        raise InvalidArgument(f"drafter {name!r} takes no option {', '.join(sorted(unknown))} (valid: {valid})")
+    return options
+
+
 def checkpoint_name(drafter: str) -> str:
     """Which trained drafter's checkpoint `drafter` loads (shipped under specdec/checkpoints/<name>)."""
     return CHECKPOINT_OF.get(drafter, drafter)
@@ -37,10 +59,7 @@ def build_drafter(name: str, target, draft_path, options: dict, dtype, runner_co
     runner_config: how a draft model's forwards run (specdec.models.runner.RunnerConfig; None = default)."""
     if name not in DRAFTERS:
         raise InvalidArgument(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
-    unknown = set(options) - DRAFTER_OPTIONS[name]
-    if unknown:
-        valid = ", ".join(sorted(DRAFTER_OPTIONS[name])) or "none"
-        raise InvalidArgument(f"drafter {name!r} takes no option {', '.join(sorted(unknown))} (valid: {valid})")
+    options = parse_options(name, options)
     if draft_path is not None and name not in TRAINED_DRAFTERS:
         raise InvalidArgument(f"a draft checkpoint path was given but drafter is {name!r}; "
                               f"use one of {', '.join(TRAINED_DRAFTERS)}")

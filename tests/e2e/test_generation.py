@@ -65,6 +65,24 @@ def test_suffix_draft_worker_learns_from_finished_requests(suffix_stack, referen
     assert again.stats.num_accepted_tokens > first.stats.num_accepted_tokens
 
 
+def test_drafter_options_reach_the_draft_worker(tiny_models, reference):
+    """drafter_options {"global_tokens": 0} switch the draft worker's global store off: unlike the test above,
+    the same request again is drafted exactly as the first time (drafting every step, so the count of target
+    forwards depends on the drafts alone), and still decodes to the in-process engine's tokens."""
+    from e2e.harness import always_drafting, running_stack, stack_config
+
+    config = always_drafting(stack_config(tiny_models, "suffix"), num_speculative_tokens=4)
+    config = dataclasses.replace(config, drafts=(dataclasses.replace(config.drafts[0],
+                                                                     drafter_options={"global_tokens": 0}),))
+    prompt = [8, 30, 2, 71, 9]
+    with running_stack(config) as stack, Client(stack.address) as client:
+        first = client.generate(prompt, GREEDY, timeout_s=60)
+        time.sleep(1.0)  # past the release that would feed a global store
+        again = [client.generate(prompt, GREEDY, timeout_s=60) for _ in range(2)]
+    assert all(out.token_ids == reference("suffix", prompt, GREEDY).token_ids for out in [first, *again])
+    assert [out.stats.num_target_forwards for out in again] == [first.stats.num_target_forwards] * 2
+
+
 def test_suffix_inside_the_target_worker(tiny_models, reference):
     """`--draft-in target`: suffix decoding drafts in the target worker (no draft worker, no round trip):
     greedy output still equals the in-process engine's, and the target's global store learns from a
