@@ -8,7 +8,7 @@ import pytest
 from specdec.core.tree import DraftTree
 from specdec.errors import InvalidArgument
 from specdec.policy import PolicyConfig, SpeculationPolicy, keep_nodes, node_order
-from specdec.policy.depth import DepthConfig, DepthController
+from specdec.policy.depth import Calibration, DepthConfig, DepthController
 
 T_PLAIN = 0.0137  # a one-row forward, seconds
 
@@ -105,6 +105,26 @@ def test_overconfident_scores_lose_their_say_and_drafting_stops():
     assert sum(1 for v in verified[-200:] if v) <= 200 / 16  # only occasional probes late on
     spent = sum(flat_then_steep(v + 1) for v in verified)
     assert spent <= 1.10 * 400 * T_PLAIN
+
+
+def test_a_depth_no_longer_verified_regains_its_say():
+    """A copy that kept breaking after its first token drives the deeper depths' scales down, and
+    the policy stops verifying nodes there. Those depths then get no evidence: their verdict must
+    fade (the prior regains weight) rather than stay frozen, or a later copy that is right all the
+    way is never verified deep again. A depth that is verified and wrong still loses its say."""
+    calibration, decay = Calibration(), 0.9
+    chain = (-1, 0, 1, 2)
+    for _ in range(30):  # a 4-node copy, right at its first token only
+        calibration.record((0.9, 0.9, 0.9, 0.9), chain, 1, decay)
+    assert calibration.scale_at(1) > 0.9 and calibration.scale_at(3) < 0.2
+    for _ in range(40):  # only one-node trees verified from now on, all right
+        calibration.record((0.9,), (-1,), 1, decay)
+    assert calibration.scale_at(1) > 0.9
+    assert calibration.scale_at(3) > 0.8  # back near the depth above: deep nodes are verified again
+    wrong = Calibration()
+    for _ in range(70):  # depth 3 verified at every step and never right: it stays cut
+        wrong.record((0.9, 0.9, 0.9, 0.9), chain, 1, decay)
+    assert wrong.scale_at(3) < 0.05
 
 
 def test_calibration_is_per_depth_so_a_deep_false_copy_does_not_cut_shallow_guesses_that_pay():

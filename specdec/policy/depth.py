@@ -71,6 +71,12 @@ class Acceptance:
 # code and RAG +0.03x, agent and summarization unchanged; live, suffix JSON tau 2.99 / 3.04 against 2.92-2.99,
 # Spec-Bench and the hybrid at one user unchanged within their spread.
 PRIOR_TOKENS = 16.0
+# The weight a depth's prior regains, step by step, while no node at that depth is verified (Calibration).
+# Replayed with this host's row costs (benchmarks/suffix_trace.py --adaptive): suffix decoding's JSON tau
+# 2.99 -> 3.15, modelled 2.47x -> 2.49x, the other workloads within 0.002x; 4 gave tau 3.11, 12 and 16 3.15
+# at 0.005x and 0.02x less JSON speed. A floor under every depth's prior (never below 4-6 tokens) raised
+# JSON tau as far, but kept scores that are never right drafting (test_policy_scored's overconfident test).
+REGAIN_TOKENS = 8.0
 
 
 @dataclass
@@ -85,22 +91,28 @@ class Calibration:
     faster with the policy off); per depth, the deep nodes lose their say and the shallow ones keep it.
 
     A depth with little evidence leans on the one above it: its prior is the shallower depth's scale,
-    worth `weight` promised tokens (PRIOR_TOKENS at the start, decayed with the evidence, so scores that
-    are never right lose their say entirely); depth 1's is `neutral` (1.0: as scored)."""
+    worth `weights[depth - 1]` promised tokens; depth 1's is `neutral` (1.0: as scored). A depth's
+    prior starts at `weight` (PRIOR_TOKENS) and decays with the evidence at that depth, so scores that
+    are never right lose their say entirely. A step that verifies no node at a depth brings it no
+    evidence: there the prior regains weight instead, toward REGAIN_TOKENS, while the old evidence
+    decays. Otherwise a depth whose scale fell stayed cut for good: its nodes were no longer
+    verified, nothing moved its ratio again, and a later verbatim copy was verified 2-5 nodes deep
+    when its whole 16-node chain was right (suffix decoding on JSON: deep scales frozen at 0.02-0.07)."""
 
     neutral: float = 1.0
-    weight: float = PRIOR_TOKENS
+    weight: float = PRIOR_TOKENS  # a depth's prior weight until it is first verified
     accepted: list[float] = field(default_factory=list)  # [depth - 1]: decayed accepted tokens there
     promised: list[float] = field(default_factory=list)  # [depth - 1]: decayed promised tokens there
+    weights: list[float] = field(default_factory=list)  # [depth - 1]: the prior's weight there
     scales: list[float] | None = None  # [depth - 1]: scale_at's answers, worked out once after each record
 
     def scale_at(self, depth: int) -> float:
         """The factor for a node's score at `depth` (>= 1); below the deepest depth seen, the deepest's."""
         if self.scales is None:
             scale, self.scales = self.neutral, []
-            for accepted, promised in zip(self.accepted, self.promised):
-                if promised + self.weight > 1e-9:
-                    scale = (accepted + self.weight * scale) / (promised + self.weight)
+            for accepted, promised, weight in zip(self.accepted, self.promised, self.weights):
+                if promised + weight > 1e-9:
+                    scale = (accepted + weight * scale) / (promised + weight)
                 self.scales.append(scale)
         return self.scales[min(depth, len(self.scales)) - 1] if self.scales else self.neutral
 
@@ -111,9 +123,12 @@ class Calibration:
         while len(self.accepted) < deepest:
             self.accepted.append(0.0)
             self.promised.append(0.0)
+            self.weights.append(self.weight)
         self.accepted[:] = [decay * a for a in self.accepted]
         self.promised[:] = [decay * p for p in self.promised]
-        self.weight *= decay
+        verified = set(depths)
+        self.weights[:] = [decay * w if d in verified else decay * w + (1 - decay) * REGAIN_TOKENS
+                           for d, w in enumerate(self.weights, 1)]
         for depth, score in zip(depths, scores):
             self.promised[depth - 1] += score
         for d in range(min(num_accepted, deepest)):
