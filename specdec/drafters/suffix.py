@@ -45,6 +45,9 @@ class SuffixConfig:
     spec_factor: float = 8.0
     min_token_prob: float = 0.05  # skip candidates whose estimated probability (along their path) is lower
     num_nodes: int = 16  # the most nodes of one draft tree (the step's max_nodes may lower it)
+    # How much less sure a source is of each token of its continuation after the first, fading as the
+    # match grows (specdec.drafters.suffix_blend.carry); 0 = every token as sure as the first.
+    carry_miss: float = 0.2
     global_tokens: int = 65536  # token budget of the global store of earlier outputs (0 = none)
 
     def __post_init__(self) -> None:
@@ -54,6 +57,8 @@ class SuffixConfig:
             raise InvalidArgument(f"spec_factor must be > 0, got {self.spec_factor}")
         if not 0.0 <= self.min_token_prob <= 1.0:
             raise InvalidArgument(f"min_token_prob must be in [0, 1], got {self.min_token_prob}")
+        if not 0.0 <= self.carry_miss < 1.0:
+            raise InvalidArgument(f"carry_miss must be in [0, 1), got {self.carry_miss}")
         if not isinstance(self.num_nodes, int) or self.num_nodes < 1:
             raise InvalidArgument(f"num_nodes must be an integer >= 1, got {self.num_nodes}")
         if not isinstance(self.global_tokens, int) or self.global_tokens < 0:
@@ -148,7 +153,8 @@ class SuffixSession:
             return DraftTree.empty()
         longest = max(s.match_len for s in found)
         num_nodes = min(budget, max(1, int(self.config.spec_factor * longest)))
-        tokens, parents, probs = blended_tree(weights(found), max_tokens, num_nodes, self.config.min_token_prob)
+        tokens, parents, probs = blended_tree(weights(found), max_tokens, num_nodes, self.config.min_token_prob,
+                                             self.config.carry_miss)
         return DraftTree(tuple(tokens), tuple(parents), scores=tuple(probs))
 
     def close(self, context_ids: list[int], num_prompt_tokens: int) -> None:

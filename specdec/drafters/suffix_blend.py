@@ -22,6 +22,7 @@ lowered tau (a trust below 1 at every level makes a long copy look shallow) and 
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 
 from specdec.drafters.suffix_tree import SuffixTrie
@@ -32,10 +33,28 @@ OWN, GLOBAL = 0, 1  # which trie a source lives in
 # greedy workloads (the session's own trie: 0.2-0.45 at m = 1, 0.5 at 2, 0.64 at 3, 0.7 at 4-5,
 # 0.84 at 6-8, 0.97 beyond 12; the global store of other requests' answers about half that at m <= 3).
 TRUST_OFFSET = (2.0, 4.0)
+# How fast a continuation's doubt fades as the match it extends grows: see carry().
+CARRY_SCALE = 6.0
 
 
 def trust(kind: int, match_len: int) -> float:
     return match_len / (match_len + TRUST_OFFSET[kind])
+
+
+def carry(match_len: int, miss: float) -> float:
+    """The share of a source's weight that its continuation keeps for one more token, once the
+    tokens before it matched: the match it extends is then match_len long, and the longer it is,
+    the surer its next token. Without it, an earlier occurrence seen once is as sure at its 16th
+    token as at its first (one path, count 1 of 1): a one-token coincidence's copy filled the tree
+    as one chain, shutting out shallow alternatives, and its deep nodes promised what they never
+    gave. Measured on the greedy workloads (benchmarks/suffix_trace.py, every position of the
+    answers), a source in the session's own trie whose path so far was right missed the next token
+    55-60% of the time at a 1-token match, 40-45% at 2, 20-30% at 3-4, 13-24% at 5-8, 6-15% at 9-16
+    and 1-2% beyond: about 0.6 * exp(-(match_len - 1) / CARRY_SCALE). The drafter uses a gentler
+    miss (SuffixConfig.carry_miss, 0.2): the policy's calibration corrects the scale per depth, so
+    what carry has to get right is the ranking, and replayed with the policy 0.2-0.4 sped every
+    workload up while 0.5-0.6 cost agent answers their long copies. 0 = no decay."""
+    return 1.0 - miss * math.exp(-(match_len - 1) / CARRY_SCALE)
 
 
 @dataclass(frozen=True)
@@ -77,35 +96,40 @@ def weights(all_sources: list[Source]) -> list[tuple[float, Source]]:
 
 
 def blended_tree(weighted: list[tuple[float, Source]], max_tokens: int, max_nodes: int,
-                 min_prob: float) -> tuple[list[int], list[int], list[float]]:
+                 min_prob: float, carry_miss: float = 0.0) -> tuple[list[int], list[int], list[float]]:
     """(token ids, parent ids, probabilities): the max_nodes most probable candidates of at most
     max_tokens tokens, each of probability >= min_prob (that of its whole path under the blend, so
-    never above its parent's), most probable first, every node after its parent."""
+    never above its parent's), most probable first, every node after its parent. carry_miss: how
+    much less sure a source is of each token after its first (carry); 0 = as sure."""
     token_ids: list[int] = []
     parent_ids: list[int] = []
     probs: list[float] = []
     heap: list[tuple] = []
     order = 0
 
-    def push(alive: list[tuple[float, SuffixTrie, object]], index: int, depth: int) -> None:
+    def push(alive: list[tuple[float, SuffixTrie, object, int]], index: int, depth: int) -> None:
+        """Queue the children of node `index` (at `depth`); alive: (probability, trie, state, match
+        length at the root) of each source that continues it."""
         nonlocal order
         if depth >= max_tokens:
             return
         merged: dict[int, list] = {}
-        for prob, trie, state in alive:
+        for prob, trie, state, match_len in alive:
             children = trie.continuations(state)
+            if depth and carry_miss:
+                prob *= carry(match_len + depth, carry_miss)
             total = sum(count for _, _, count in children)
             for token, child, count in children:
                 entry = merged.setdefault(token, [0.0, []])
                 p = prob * count / total
                 entry[0] += p
-                entry[1].append((p, trie, child))
+                entry[1].append((p, trie, child, match_len))
         for token, (p, below) in merged.items():
             if p >= min_prob:
                 heapq.heappush(heap, (-p, order, token, index, depth + 1, below))
                 order += 1
 
-    push([(w, s.trie, s.state) for w, s in weighted], -1, 0)
+    push([(w, s.trie, s.state, s.match_len) for w, s in weighted], -1, 0)
     while heap and len(token_ids) < max_nodes:
         neg_p, _, token, parent, depth, below = heapq.heappop(heap)
         token_ids.append(token)

@@ -6,7 +6,7 @@ import pytest
 
 from specdec.core.types import SamplingParams
 from specdec.drafters.suffix import SuffixConfig, SuffixDrafter
-from specdec.drafters.suffix_blend import GLOBAL, OWN, blended_tree, sources, trust, weights
+from specdec.drafters.suffix_blend import GLOBAL, OWN, Source, blended_tree, carry, sources, trust, weights
 from specdec.drafters.suffix_tree import SuffixTrie
 
 GREEDY = SamplingParams()
@@ -69,3 +69,32 @@ def test_deep_on_a_long_match_wide_on_a_short_one(max_tokens):
     wide = session.propose([5, 11, 12, 5, 21, 22, 5, 31, 32, 5], max_tokens, GREEDY, None)
     assert _root_children(wide.token_ids, wide.parent_ids) == [11, 21, 31]
     assert wide.num_nodes <= 4  # spec_factor * the match length
+
+
+def test_a_continuation_is_less_sure_the_further_it_runs_past_a_short_match():
+    """One earlier occurrence (count 1 all the way) is not as sure at its 8th token as at its first:
+    each token keeps carry(match so far) of the weight, so a one-token coincidence's copy fades fast
+    and a long verbatim match's hardly at all; carry_miss 0 scores the whole copy as its first token."""
+    assert carry(1, 0.2) < carry(4, 0.2) < carry(20, 0.2) < 1.0 and carry(1, 0.0) == 1.0
+    text = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
+    trie = _trie(text + [99] + text[:12])  # the context ends with the first 12 tokens again
+    short = [(1.0, Source(OWN, 1, trie, trie.find([12])))]  # [12] alone: a one-token match
+    long = [(1.0, Source(OWN, 12, trie, trie.find(text[:12])))]
+    flat = blended_tree(short, 8, 16, 0.0)[2]
+    assert flat == pytest.approx([1.0] * 8)
+    fading = blended_tree(short, 8, 16, 0.0, carry_miss=0.2)[2]
+    assert all(a > b for a, b in zip(fading, fading[1:])) and fading[0] == 1.0
+    kept = blended_tree(long, 8, 16, 0.0, carry_miss=0.2)[2]
+    assert kept[-1] > 0.8 and fading[-1] < 0.5
+
+
+def test_a_shallow_alternative_outranks_the_tail_of_a_copy():
+    """After [9] the text went on three times with the same run (40 50 60 70) and twice with 41: with
+    a node budget of 4, scores that never fade fill it with the run (3/5 at every token, over 41's
+    2/5); fading ones verify 41 in place of the run's fourth token."""
+    context = [1, 9, 40, 50, 60, 70, 2, 9, 40, 50, 60, 70, 3, 9, 40, 50, 60, 70, 4, 9, 41, 7, 5, 9, 41, 8, 6, 9]
+    found = weights(sources(_trie(context), OWN, context, reserve=8))
+    assert [s.match_len for _, s in found] == [1]
+    assert blended_tree(found, 8, 4, 0.0)[0] == [40, 50, 60, 70]
+    tokens, parents, _ = blended_tree(found, 8, 4, 0.0, carry_miss=0.2)
+    assert tokens == [40, 50, 60, 41] and _root_children(tokens, parents) == [40, 41]
