@@ -6,7 +6,7 @@ import json
 from specdec.errors import InvalidArgument
 
 DRAFTERS = ("none", "ngram", "suffix", "draft", "medusa", "eagle", "eagle3", "hybrid")
-SUFFIX_OPTIONS = {"max_depth", "spec_factor", "min_token_prob", "num_nodes", "global_tokens"}
+SUFFIX_OPTIONS = {"max_depth", "spec_factor", "min_token_prob", "carry_miss", "num_nodes", "global_tokens"}
 
 # Options each drafter accepts through Engine.from_pretrained(**drafter_options).
 DRAFTER_OPTIONS = {

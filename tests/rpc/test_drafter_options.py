@@ -61,7 +61,7 @@ def test_cli_refuses_unknown_options_with_one_line_and_exit_2():
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == (
         "specdec: error: drafter 'suffix' takes no option bogus "
-        "(valid: global_tokens, max_depth, min_token_prob, num_nodes, spec_factor)")
+        "(valid: carry_miss, global_tokens, max_depth, min_token_prob, num_nodes, spec_factor)")
 
 
 def test_generate_merges_the_options_over_tree_width():
