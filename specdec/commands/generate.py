@@ -67,7 +67,7 @@ def add_parser(subparsers) -> None:
 def drafter_options(args: argparse.Namespace) -> dict:
     from specdec.drafters import parse_options
 
-    given = parse_options(args.drafter, getattr(args, "drafter_options", ""))
+    given = parse_options(args.drafter, args.drafter_options)
     if args.tree_width == 1:
         return given
     width = {"num_branches": args.tree_width} if args.drafter == "ngram" else {"tree_width": args.tree_width}

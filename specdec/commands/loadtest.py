@@ -144,7 +144,7 @@ def local_stack_config(args: argparse.Namespace, drafter: str | None):
 
     no_spec = drafter is None
     ns = argparse.Namespace(config=None, target=args.target, drafter=drafter or DEFAULT_DRAFTER, draft=None,
-                            drafter_options=getattr(args, "drafter_options", "") if drafter else "",
+                            drafter_options=args.drafter_options if drafter else "",
                             draft_in=args.draft_in, dtype=args.dtype, port=0,
                             http_port=0, api_keys_file=None, no_pipeline=False, metrics_port=-1, host=None,
                             insecure=False, device="auto", linear_kernel="auto")

@@ -57,9 +57,7 @@ RANDOM_DRAFT = "random"
 def build_drafter(name: str, target, draft_path, options: dict, dtype, runner_config=None):
     """A Drafter for `name` (None for plain decoding). target: the LoadedModel being served.
     runner_config: how a draft model's forwards run (specdec.models.runner.RunnerConfig; None = default)."""
-    if name not in DRAFTERS:
-        raise InvalidArgument(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
-    options = parse_options(name, options)
+    options = parse_options(name, options)  # refuses an unknown drafter too
     if draft_path is not None and name not in TRAINED_DRAFTERS:
         raise InvalidArgument(f"a draft checkpoint path was given but drafter is {name!r}; "
                               f"use one of {', '.join(TRAINED_DRAFTERS)}")

@@ -72,7 +72,7 @@ def test_local_stack_config_has_every_serve_default():
 
     from specdec.commands.loadtest import local_stack_config
 
-    args = argparse.Namespace(target=None, draft_in="worker", dtype="auto")
+    args = argparse.Namespace(target=None, draft_in="worker", dtype="auto", drafter_options="")
     spec, plain = local_stack_config(args, "ngram"), local_stack_config(args, None)
     assert [d.drafter for d in spec.drafts] == ["ngram"] and plain.drafts == ()
     assert spec.targets[0].linear_kernel == "auto" and spec.targets[0].device == "auto"
@@ -84,7 +84,7 @@ def test_local_stacks_share_the_dtype_asked_for():
 
     from specdec.commands.loadtest import local_stack_config
 
-    args = argparse.Namespace(target=None, draft_in="worker", dtype="bfloat16")
+    args = argparse.Namespace(target=None, draft_in="worker", dtype="bfloat16", drafter_options="")
     spec, plain = local_stack_config(args, "draft"), local_stack_config(args, None)
     assert [t.dtype for t in spec.targets + plain.targets] == ["bfloat16", "bfloat16"]
     assert [d.dtype for d in spec.drafts] == ["bfloat16"]
@@ -95,7 +95,7 @@ def test_local_stack_can_draft_inside_the_target():
 
     from specdec.commands.loadtest import local_stack_config
 
-    spec = local_stack_config(argparse.Namespace(target=None, draft_in="target", dtype="auto"), "suffix")
+    spec = local_stack_config(argparse.Namespace(target=None, draft_in="target", dtype="auto", drafter_options=""), "suffix")
     assert spec.drafts == () and [t.drafter for t in spec.targets] == ["suffix"]
 
 
