@@ -85,7 +85,7 @@ GPU_WHEELS := vendor/gpu-wheels
 GPU_PYTHONS ?= 3.10 3.11 3.12
 GPU_BINARY := grpcio==1.85.1 protobuf==7.36.2 MarkupSafe==3.0.4
 GPU_PURE := grpcio-health-checking==1.85.1 grpcio-reflection==1.85.1 Jinja2==3.1.6 opentelemetry-api==1.45.2 \
-	opentelemetry-sdk==1.45.2 opentelemetry-semantic-conventions==0.66b2 prometheus-client==0.26.0 \
+	opentelemetry-sdk==1.45.2 opentelemetry-semantic-conventions==0.66b2 prometheus-client==0.26.0 transformers==5.23.0 \
 	typing-extensions==4.16.0
 gpu-wheels: setup
 	mkdir -p $(GPU_WHEELS)
