@@ -16,10 +16,13 @@ Sections (each timed; one that would start past --budget-s is skipped and says s
   gtest     the first two sampled tokens (a draft model drafting chains) against the exact joint
   cost      ms of one verify forward of an 8B-shaped Llama (bf16, random weights) against rows 1..64
             and batch 1..32, eager and graphed, and the ratio to the one-row step
+  cost_sdpa the same with transformers' sdpa attention in place of specdec.kernels.grouped (the A/B)
+  profile   the costliest kernels of a graphed forward at a few (batch, rows), from torch.profiler
   speedup   each drafter's speedup on that cost curve with its acceptance measured on the CPU with the
             real model (benchmarks/results/workloads/report.json), as the model in
             specdec/bench/speedup_model.py
-Writes gpu_check.json and gpu_check.md (the README's table) to --out; exits 1 if an exactness check failed.
+Writes gpu_check.json and gpu_check.md (the README's table) to --out; exits 1 if an exactness check failed
+or a section raised (its error is in both files; the other sections still run).
 """
 from __future__ import annotations
 
@@ -37,7 +40,7 @@ from specdec.bench import gpu_checks, speedup_model  # noqa: E402
 from specdec.bench.gpu_report import markdown  # noqa: E402
 from specdec.bench.machine import machine_info, versions  # noqa: E402
 
-SECTIONS = ("equality", "grpc", "gtest", "cost", "speedup")
+SECTIONS = ("equality", "grpc", "gtest", "cost", "cost_sdpa", "profile", "speedup")
 ACCEPTANCE = ROOT / "benchmarks" / "results" / "workloads" / "report.json"
 
 
@@ -93,7 +96,13 @@ def main(argv: list[str] | None = None) -> int:
             result["skipped"][name] = f"budget: {spent:.0f} s spent of {args.budget_s:.0f}"
             return
         start = time.perf_counter()
-        result["sections"][name] = run()
+        try:
+            result["sections"][name] = run()
+        except Exception as exc:  # noqa: BLE001 - reported (and failing the check), the other sections still run
+            import traceback
+
+            traceback.print_exc()
+            result.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"
         result.setdefault("seconds", {})[name] = round(time.perf_counter() - start, 1)
         print(f"gpu_check: {name} done in {result['seconds'][name]} s", file=sys.stderr, flush=True)
 
@@ -105,12 +114,14 @@ def main(argv: list[str] | None = None) -> int:
                                  for row in gpu_checks.equality_grpc(models, device, graphs, sizes)])
         section("gtest", lambda: gpu_checks.g_test(models, device, sizes))
     section("cost", lambda: gpu_checks.cost_curve(device, sizes))
+    section("cost_sdpa", lambda: gpu_checks.cost_curve(device, sizes, attention="sdpa"))
+    section("profile", lambda: gpu_checks.profile(device, sizes))
     if "cost" in result["sections"]:
         section("speedup", lambda: speedups(result["sections"]["cost"], Path(args.acceptance)))
     result["total_seconds"] = round(time.perf_counter() - began, 1)
     checks = [*result["sections"].get("equality", []), *result["sections"].get("grpc", [])]
     result["ok"] = (all(r["identical"] and r.get("batched_identical", True) for r in checks)
-                    and result["sections"].get("gtest", {}).get("passed", True))
+                    and result["sections"].get("gtest", {}).get("passed", True) and not result.get("errors"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_check.json").write_text(json.dumps(result, indent=1))

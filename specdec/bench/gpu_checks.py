@@ -81,7 +81,8 @@ def equality_in_process(models: dict[str, Path], device: str, graphs: bool, size
     from specdec.engine import Engine
 
     params = SamplingParams(max_new_tokens=sizes.max_new_tokens, ignore_eos=True)
-    plain = Engine.from_pretrained(target=str(models["target"]), device=device, dtype="float32", adaptive=False)
+    plain = Engine.from_pretrained(target=str(models["target"]), device=device, dtype="float32", adaptive=False,
+                                   cuda_graphs=False)
     want = [plain.generate(p, params).token_ids for p in PROMPTS]
     rows = []
     for name, (options, draft_key) in {"plain": (dict(drafter="none"), None), **DRAFTERS}.items():
@@ -108,7 +109,8 @@ def equality_grpc(models: dict[str, Path], device: str, graphs: bool, sizes: Siz
     from specdec.serving_config import DraftConfig, RouterConfig, StackConfig, TargetConfig
 
     params = SamplingParams(max_new_tokens=sizes.max_new_tokens, ignore_eos=True)
-    plain = Engine.from_pretrained(target=str(models["target"]), device=device, dtype="float32", adaptive=False)
+    plain = Engine.from_pretrained(target=str(models["target"]), device=device, dtype="float32", adaptive=False,
+                                   cuda_graphs=False)
     want = [plain.generate(p, params).token_ids for p in PROMPTS]
     rows = []
     for name, drafter in (("prompt lookup", "ngram"), ("random draft model", "draft")):
@@ -176,8 +178,9 @@ def g_test(models: dict[str, Path], device: str, sizes: Sizes) -> dict:
             "passed": kl <= tolerance, "accepted": accepted, "drafted": drafted}
 
 
-def cost_model(device: str, sizes: Sizes):
-    """A ModelRunner over random weights: Llama-3-8B's shapes in bf16, or the tiny equality shapes."""
+def cost_model(device: str, sizes: Sizes, attention: str | None = None):
+    """A ModelRunner over random weights: Llama-3-8B's shapes in bf16, or the tiny equality shapes.
+    attention: None = the runner's own choice; "sdpa" = transformers' sdpa (the baseline to compare)."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     from specdec.models.runner import ModelRunner, RunnerConfig
@@ -193,15 +196,18 @@ def cost_model(device: str, sizes: Sizes):
         dtype = torch.float32
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
-    return ModelRunner(model.eval().requires_grad_(False), config=RunnerConfig(kv_cache="static"))
+    runner = ModelRunner(model.eval().requires_grad_(False), config=RunnerConfig(kv_cache="static", cuda_graphs=False))
+    if attention is not None:
+        runner.model.config._attn_implementation = attention
+    return runner
 
 
-def cost_curve(device: str, sizes: Sizes) -> dict:
+def cost_curve(device: str, sizes: Sizes, attention: str | None = None) -> dict:
     """ms of one verify forward per (batch, rows), eager and graphed (graphed: None where graphs are off)."""
     from specdec.bench.verify_cost import verify_forward_ms
     from specdec.graphs import GraphedDecoder
 
-    runner = cost_model(device, sizes)
+    runner = cost_model(device, sizes, attention)
     graphs = GraphedDecoder(runner)
     rows = []
     for batch in sizes.cost_batches:
@@ -216,5 +222,39 @@ def cost_curve(device: str, sizes: Sizes) -> dict:
         row["graphs_ratio"] = None if row["graphs_ms"] is None else round(row["graphs_ms"] / one["graphs_ms"], 3)
     params = sum(p.numel() for p in runner.model.parameters())
     return {"model": sizes.cost_model, "parameters": params, "dtype": str(runner.dtype).removeprefix("torch."),
+            "attention": runner.model.config._attn_implementation,
             "cached_tokens": sizes.cost_cached, "graphs_active": graphs.active, "graphs_off_reason": graphs.reason,
             "rows": rows}
+
+
+def profile(device: str, sizes: Sizes, shapes=((1, 1), (8, 8), (32, 2)), top: int = 8) -> list[dict]:
+    """Where a graphed verify forward's time goes: the costliest kernels per (batch, rows), from
+    torch.profiler over 5 forwards (device microseconds per forward)."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    from specdec.bench.verify_cost import verify_forward_ms
+    from specdec.graphs import GraphedDecoder
+
+    runner = cost_model(device, sizes)
+    graphs = GraphedDecoder(runner)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.device(device).type == "cuda" else [])
+    out = []
+    for batch, rows in shapes:
+        rows = min(rows, max(sizes.cost_rows))
+        verify_forward_ms(runner, batch, rows, sizes.cost_cached, graphs, repeats=2)  # capture outside the profile
+        with torch_profile(activities=activities) as prof:
+            verify_forward_ms(runner, batch, rows, sizes.cost_cached, graphs, repeats=5, warmup=0)
+        events = [e for e in prof.key_averages() if _device_us(e) > 0]
+        events.sort(key=_device_us, reverse=True)
+        out.append({"batch": batch, "rows": rows, "device_us_per_forward": round(sum(map(_device_us, events)) / 5, 1),
+                    "kernels": [{"name": e.key[:90], "us_per_forward": round(_device_us(e) / 5, 1),
+                                 "calls_per_forward": e.count / 5} for e in events[:top]]})
+    return out
+
+
+def _device_us(event) -> float:
+    """An event's own device time (the attribute's name moved between torch versions); 0 on a CPU."""
+    for name in ("self_device_time_total", "self_cuda_time_total"):
+        if hasattr(event, name):
+            return float(getattr(event, name))
+    return 0.0

@@ -7,7 +7,7 @@ def markdown(result: dict) -> str:
     lines = [f"GPU check on {result['device']} ({machine.get('cpu')}, torch {versions.get('torch')}, "
              f"transformers {versions.get('transformers')}, commit {versions.get('git_commit')}"
              f"{', tiny sizes' if result.get('tiny') else ''}): {result.get('total_seconds')} s, "
-             f"{'all exactness checks passed' if result.get('ok') else 'AN EXACTNESS CHECK FAILED'}.", ""]
+             f"{'all exactness checks passed' if result.get('ok') else 'A CHECK FAILED'}.", ""]
     sections, skipped = result["sections"], result.get("skipped", {})
     checks = [*sections.get("equality", []), *sections.get("grpc", [])]
     if checks:
@@ -30,8 +30,16 @@ def markdown(result: dict) -> str:
                   f"{'passed' if g['passed'] else 'FAILED'} ({g['accepted']} of {g['drafted']} drafted tokens accepted).", ""]
     if "cost" in sections:
         lines += _cost(sections["cost"])
+    if "cost_sdpa" in sections:
+        lines += ["The same with transformers' sdpa attention (keys and values repeated per query head when a "
+                  "masked call has several rows), the baseline of specdec.kernels.grouped:", ""]
+        lines += _cost(sections["cost_sdpa"])
+    if "profile" in sections:
+        lines += _profile(sections["profile"])
     if "speedup" in sections:
         lines += _speedup(sections["speedup"])
+    for name, error in result.get("errors", {}).items():
+        lines.append(f"Section {name} FAILED: {error}.")
     for name, why in skipped.items():
         lines.append(f"Section {name} skipped: {why}.")
     return "\n".join(lines).rstrip() + "\n"
@@ -47,7 +55,8 @@ def _cost(cost: dict) -> list[str]:
     cell = {(r["batch"], r["rows"]): r for r in cost["rows"]}
     graphs = "" if cost["graphs_active"] else f" (graphs off: {cost['graphs_off_reason']})"
     out = [f"One verify forward of the {cost['model']} model ({cost['parameters'] / 1e9:.2f} B parameters, "
-           f"{cost['dtype']}, {cost['cached_tokens']} cached tokens, LM head over every row): ms eager / ms with "
+           f"{cost['dtype']}, {cost['cached_tokens']} cached tokens, LM head over every row, attention "
+           f"{cost.get('attention', 'sdpa')}): ms eager / ms with "
            f"CUDA graphs, and in brackets the ratio to the one-row step of the same batch{graphs}.", "",
            "| rows \\ batch | " + " | ".join(map(str, batches)) + " |", "|---" * (len(batches) + 1) + "|"]
     for n in rows:
@@ -60,6 +69,15 @@ def _cost(cost: dict) -> list[str]:
             graphed = "-" if r["graphs_ms"] is None else f"{r['graphs_ms']:.2f} ({r['graphs_ratio']:.2f}x)"
             cells.append(f"{r['eager_ms']:.2f} ({r['eager_ratio']:.2f}x) / {graphed}")
         out.append(f"| {n} | " + " | ".join(cells) + " |")
+    return out + [""]
+
+
+def _profile(shapes: list[dict]) -> list[str]:
+    out = ["Where a graphed forward's device time goes (torch.profiler, 5 forwards; microseconds per forward):", ""]
+    for shape in shapes:
+        kernels = "; ".join(f"{k['name'][:60]} {k['us_per_forward']:.0f}" for k in shape["kernels"][:5])
+        out.append(f"- batch {shape['batch']}, {shape['rows']} rows: {shape['device_us_per_forward']:.0f} us on the "
+                   f"device; top kernels: {kernels}")
     return out + [""]
 
 

@@ -62,9 +62,12 @@ def specdec_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
 
 
 def install(model: torch.nn.Module, on: bool) -> bool:
-    """Point the model's attention at the kernel (on, where it runs) or back at sdpa; returns whether on."""
+    """Point the model's attention at the kernel (on, where it runs), else at sdpa (on a GPU with grouped kv
+    heads: specdec.kernels.grouped, sdpa without repeating keys and values); returns whether on."""
+    from specdec.kernels import grouped
+
     on = on and runs_on(model)
-    implementation = register() if on else "sdpa"
+    implementation = register() if on else grouped.register() if grouped.wanted(model) else "sdpa"
     if model.config._attn_implementation != implementation:
         model.config._attn_implementation = implementation
     return on

@@ -36,12 +36,17 @@ def test_speedup_formula():
     assert best_speedup([0.01], 1.0, curve, 0.5) == (1.0, 0)  # nothing pays: do not speculate
 
 
-def test_tiny_cpu_run(tmp_path):
+def import_gpu_check():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         import gpu_check
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
+    return gpu_check
+
+
+def test_tiny_cpu_run(tmp_path):
+    gpu_check = import_gpu_check()
     assert gpu_check.main(["--device", "cpu", "--tiny", "--skip", "grpc", "gtest", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     equality = result["sections"]["equality"]
@@ -53,6 +58,9 @@ def test_tiny_cpu_run(tmp_path):
     cost = result["sections"]["cost"]
     assert {(r["batch"], r["rows"]) for r in cost["rows"]} == {(b, n) for b in (1, 2) for n in (1, 2, 4)}
     assert all(r["eager_ms"] > 0 and r["graphs_ms"] is None for r in cost["rows"])
+    assert cost["attention"] == "specdec" or cost["attention"] == "sdpa"  # a CPU: never the GPU's grouped one
+    assert result["sections"]["cost_sdpa"]["attention"] == "sdpa"
+    assert [(p["batch"], p["rows"]) for p in result["sections"]["profile"]] == [(1, 1), (8, 4), (32, 2)]
     drafters = {r["drafter"] for r in result["sections"]["speedup"]["rows"]}
     # every drafter the committed workload report measured that the model has a draft cost for
     measured = json.loads(gpu_check.ACCEPTANCE.read_text())["results"]["overall"]
@@ -60,3 +68,18 @@ def test_tiny_cpu_run(tmp_path):
     assert result["skipped"] == {"grpc": "--skip", "gtest": "--skip"}
     table = (tmp_path / "gpu_check.md").read_text()
     assert "| in process | noisy draft model, trees | off |" in table and "Modelled speedup per drafter" in table
+
+
+def test_a_section_that_raises_fails_the_check_and_the_rest_still_run(tmp_path, monkeypatch):
+    gpu_check = import_gpu_check()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no profiler here")
+
+    monkeypatch.setattr(gpu_check.gpu_checks, "profile", broken)
+    assert gpu_check.main(["--device", "cpu", "--tiny", "--skip", "equality", "grpc", "gtest", "--out",
+                           str(tmp_path)]) == 1
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert result["errors"] == {"profile": "RuntimeError: no profiler here"} and not result["ok"]
+    assert "speedup" in result["sections"]  # ran after the failed one
+    assert "Section profile FAILED: RuntimeError: no profiler here." in (tmp_path / "gpu_check.md").read_text()
