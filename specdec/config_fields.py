@@ -45,7 +45,9 @@ def add_config_args(parser: argparse.ArgumentParser, cls, prefix: str = "") -> N
             continue
         flag = "--" + f.name.replace("_", "-")
         dest = prefix + f.name
-        if f.type in ("bool", bool):
+        if f.type in ("bool | None", "Optional[bool]"):  # unset (None: the component decides), on or off
+            parser.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=f.default)
+        elif f.type in ("bool", bool):
             parser.add_argument(flag, dest=dest, action="store_true", default=f.default)
             parser.add_argument("--no-" + f.name.replace("_", "-"), dest=dest, action="store_false")
         elif f.name in ("targets", "drafts"):

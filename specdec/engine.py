@@ -82,13 +82,14 @@ class Engine:
     def from_pretrained(cls, target: str | None = None, drafter: str = "none", draft: str | None = None,
                         *, dtype: str = "auto", num_speculative_tokens: int | None = None, adaptive: bool = True,
                         tp: int = 1, kv_cache: str = DEFAULT_KV_CACHE, device: str = "auto",
-                        cuda_graphs: bool = False, linear_kernel: str = DEFAULT_LINEAR_KERNEL,
+                        cuda_graphs: bool | None = None, linear_kernel: str = DEFAULT_LINEAR_KERNEL,
                         prefix_cache_mb: int = DEFAULT_PREFIX_CACHE_MB, **drafter_options) -> Engine:
         """target None = the embedded SmolLM2-135M-Instruct; drafter none | ngram | draft | medusa | eagle.
         kv_cache: static (preallocated, the default) | dynamic (transformers' DynamicCache).
         device: auto (cuda when a GPU is visible, else cpu) | cpu | cuda | cuda:N; under tp each rank
         takes its own GPU. A draft model runs on the target's device.
-        cuda_graphs: verify forwards as CUDA graphs for padded shapes (specdec.graphs; eager on a CPU).
+        cuda_graphs: verify forwards as CUDA graphs for padded shapes (specdec.graphs). None: wherever they
+            run (one CUDA device, a static cache); True: asked for (eager elsewhere, said once); False: eager.
         linear_kernel: auto | specdec | torch (specdec.kernels.linear; auto = specdec's on a CPU).
         prefix_cache_mb: prompt openings' keys and values kept across requests (specdec.models.prefix_cache; 0 = off)."""
         runner = RunnerConfig(kv_cache=kv_cache, cuda_graphs=cuda_graphs, linear_kernel=linear_kernel,

@@ -68,7 +68,7 @@ class GraphedDecoder:
     def __init__(self, runner, capture: bool = True):
         self.runner = runner
         self.capture = capture
-        self.reason = _unsupported(runner) if capture else None  # why graphs are off (None: on)
+        self.reason = why_not(runner) if capture else None  # why graphs are off (None: on)
         if self.reason:
             log.warning("CUDA graphs off: %s; verify forwards run eagerly", self.reason)
         self.pool = torch.cuda.graph_pool_handle() if capture and self.reason is None else None
@@ -182,7 +182,8 @@ def _fill(bufs: Captured, input_ids: torch.Tensor, positions: torch.Tensor, attn
     bufs.write.copy_(start + own)
 
 
-def _unsupported(runner) -> str | None:
+def why_not(runner) -> str | None:
+    """Why a runner's forwards cannot be graphed (None: they can)."""
     if runner.device.type != "cuda":
         return f"they need a CUDA device and this model is on {runner.device}"
     if runner.run_config.kv_cache != "static":

@@ -78,7 +78,9 @@ class TargetConfig:
     # KV budget is what is left of it after loading (vLLM's gpu_memory_utilization). max_kv_tokens > 0
     # overrides it; on a CPU the budget stays max_kv_tokens or max_sequences x the model's context.
     gpu_memory_fraction: float = 0.9
-    cuda_graphs: bool = False  # verify forwards as CUDA graphs for padded shapes (eager on a CPU or under tp)
+    # verify forwards as CUDA graphs for padded shapes: None = wherever they run (one CUDA device, a static
+    # cache), True = asked for (eager on a CPU or under tp, said once), False = eager
+    cuda_graphs: bool | None = None
     linear_kernel: str = DEFAULT_LINEAR_KERNEL  # auto | specdec (row-invariant CPU kernel) | torch (F.linear)
     # MiB of prompt openings' keys and values kept across requests (a shared system prompt or resent
     # turns are prefilled once); 0 = off. Not under tp > 1 nor with a dynamic KV cache.

@@ -34,6 +34,15 @@ def test_the_flag_on_a_cpu_falls_back_to_eager(tiny_target, caplog):
     assert graphed.runner.graphs.shapes == set()  # nothing ran padded
 
 
+def test_unset_on_a_cpu_is_eager_without_a_word(tiny_target, caplog):
+    with caplog.at_level(logging.WARNING, logger="specdec.graphs"):
+        engine = Engine.from_pretrained(target=tiny_target, drafter="ngram", device="cpu", adaptive=False)
+        off = Engine.from_pretrained(target=tiny_target, drafter="ngram", device="cpu", adaptive=False,
+                                     cuda_graphs=False)
+    assert engine.runner.graphs is None and off.runner.graphs is None
+    assert "CUDA graphs off" not in caplog.text
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c["drafter"])
 def test_fixed_width_padded_forward_equals_eager(tiny_target, tiny_noisy_draft, config):
     draft = tiny_noisy_draft if config["drafter"] == "draft" else None

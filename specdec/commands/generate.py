@@ -42,8 +42,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--device", default="auto",
                    help="auto (cuda when a GPU is visible, else cpu) | cpu | cuda | cuda:N; with --tp each rank "
                         "takes its own GPU")
-    p.add_argument("--cuda-graphs", action="store_true",
-                   help="verify forwards as CUDA graphs for padded shapes (on a CPU: eager, said once)")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="verify forwards as CUDA graphs for padded shapes (default: wherever they run, i.e. on one "
+                        "CUDA device; asked for on a CPU: eager, said once)")
     p.add_argument("--kv-cache", choices=KV_CACHES, default=DEFAULT_KV_CACHE,
                    help="static: preallocated, committed by index bookkeeping; dynamic: transformers' DynamicCache")
     p.add_argument("--linear-kernel", default=DEFAULT_LINEAR_KERNEL, metavar="{%s}" % ",".join(LINEAR_KERNELS),

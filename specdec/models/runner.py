@@ -39,9 +39,10 @@ class RunnerConfig:
     """How a model's forwards run (the same for a target and its draft model)."""
 
     kv_cache: str = DEFAULT_KV_CACHE  # static | dynamic
-    # Verify forwards as CUDA graphs for padded shapes (specdec.graphs); eager where graphs cannot run
-    # (a CPU, tensor parallelism, a dynamic cache), with the reason logged once.
-    cuda_graphs: bool = False
+    # Verify forwards as CUDA graphs for padded shapes (specdec.graphs). None (auto): wherever they run
+    # (one CUDA device, a static cache), eager elsewhere without a word; True: asked for, so eager where
+    # they cannot run is logged once with the reason; False: eager.
+    cuda_graphs: bool | None = None
     # auto | specdec | torch: the linear layers and LM head on specdec's row-invariant CPU kernel
     # (specdec.kernels.linear) or on torch's F.linear; auto = specdec's wherever it runs.
     linear_kernel: str = DEFAULT_LINEAR_KERNEL
@@ -106,9 +107,9 @@ class ModelRunner:
         # greedy picks on the calling thread in AVX-512 (specdec/kernels/argmax.cpp), where specdec's kernels run
         self.argmax_kernel = load_kernel().rows_avx512 if self.linear_kernel.kernel == "specdec" else None
         self.graphs = None
-        if config.cuda_graphs:
-            from specdec.graphs import GraphedDecoder
+        from specdec.graphs import GraphedDecoder, why_not
 
+        if config.cuda_graphs or (config.cuda_graphs is None and why_not(self) is None):
             self.graphs = GraphedDecoder(self)
 
     def capture_layers(self, layers: tuple[int, ...]) -> None:

@@ -117,12 +117,22 @@ def test_status_mapping_both_ways():
 
 
 @pytest.mark.parametrize("config", [TargetConfig(model="/m", draft_wait_s=0.5),
+                                    TargetConfig(cuda_graphs=True), TargetConfig(cuda_graphs=False),
                                     DraftConfig(drafter="draft", pipeline=False, tree_width=2),
                                     RouterConfig(targets=("127.0.0.1:1", "127.0.0.1:2"), max_queue=0)])
 def test_config_flags_round_trip(config):
     parser = argparse.ArgumentParser()
     add_config_args(parser, type(config))
     assert config_from_args(parser.parse_args(config_to_argv(config)), type(config)) == config
+
+
+def test_cuda_graphs_is_unset_on_or_off():
+    """Unset (None) leaves the choice to the worker (graphs wherever they run); a flag or key says on or off."""
+    parser = argparse.ArgumentParser()
+    add_config_args(parser, TargetConfig)
+    assert "cuda-graphs" not in " ".join(config_to_argv(TargetConfig()))
+    assert [config_from_args(parser.parse_args(argv), TargetConfig).cuda_graphs
+            for argv in ([], ["--cuda-graphs"], ["--no-cuda-graphs"])] == [None, True, False]
 
 
 def test_yaml_deployment(tmp_path):
