@@ -18,6 +18,8 @@ Sections (each timed; one that would start past --budget-s is skipped and says s
             and batch 1..32, eager and graphed, and the ratio to the one-row step
   cost_sdpa the same with transformers' sdpa attention in place of specdec.kernels.grouped (the A/B)
   profile   the costliest kernels of a graphed forward at a few (batch, rows), from torch.profiler
+  decode    end to end on the same model: plain decoding and prompt lookup, ms per target forward
+            against the forward alone (what a step costs beyond it)
   speedup   each drafter's speedup on that cost curve with its acceptance measured on the CPU with the
             real model (benchmarks/results/workloads/report.json), as the model in
             specdec/bench/speedup_model.py
@@ -36,11 +38,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from specdec.bench import gpu_checks, speedup_model  # noqa: E402
+from specdec.bench import gpu_checks, gpu_cost, speedup_model  # noqa: E402
 from specdec.bench.gpu_report import markdown  # noqa: E402
 from specdec.bench.machine import machine_info, versions  # noqa: E402
 
-SECTIONS = ("equality", "grpc", "gtest", "cost", "cost_sdpa", "profile", "speedup")
+SECTIONS = ("equality", "grpc", "gtest", "cost", "cost_sdpa", "profile", "decode", "speedup")
 ACCEPTANCE = ROOT / "benchmarks" / "results" / "workloads" / "report.json"
 
 
@@ -113,9 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         section("grpc", lambda: [row for graphs in (False, True)
                                  for row in gpu_checks.equality_grpc(models, device, graphs, sizes)])
         section("gtest", lambda: gpu_checks.g_test(models, device, sizes))
-    section("cost", lambda: gpu_checks.cost_curve(device, sizes))
-    section("cost_sdpa", lambda: gpu_checks.cost_curve(device, sizes, attention="sdpa"))
-    section("profile", lambda: gpu_checks.profile(device, sizes))
+    section("cost", lambda: gpu_cost.cost_curve(device, sizes))
+    section("cost_sdpa", lambda: gpu_cost.cost_curve(device, sizes, attention="sdpa"))
+    section("profile", lambda: gpu_cost.profile(device, sizes))
+    section("decode", lambda: gpu_cost.decode(device, sizes))
     if "cost" in result["sections"]:
         section("speedup", lambda: speedups(result["sections"]["cost"], Path(args.acceptance)))
     result["total_seconds"] = round(time.perf_counter() - began, 1)

@@ -36,6 +36,8 @@ def markdown(result: dict) -> str:
         lines += _cost(sections["cost_sdpa"])
     if "profile" in sections:
         lines += _profile(sections["profile"])
+    if "decode" in sections:
+        lines += _decode(sections["decode"], sections.get("cost"))
     if "speedup" in sections:
         lines += _speedup(sections["speedup"])
     for name, error in result.get("errors", {}).items():
@@ -78,6 +80,21 @@ def _profile(shapes: list[dict]) -> list[str]:
         kernels = "; ".join(f"{k['name'][:60]} {k['us_per_forward']:.0f}" for k in shape["kernels"][:5])
         out.append(f"- batch {shape['batch']}, {shape['rows']} rows: {shape['device_us_per_forward']:.0f} us on the "
                    f"device; top kernels: {kernels}")
+    return out + [""]
+
+
+def _decode(runs: list[dict], cost: dict | None) -> list[str]:
+    one = {r["rows"]: r["graphs_ms"] or r["eager_ms"] for r in (cost or {}).get("rows", []) if r["batch"] == 1}
+    out = ["End to end on the same model, one sequence (64 new tokens, 3 runs): ms per target forward, and the "
+           "forward alone at the nearest measured row count (cost section):", "",
+           "| drafter | graphs | tok/s | tau | rows a forward | ms a forward | of which verify / draft | forward alone |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        rows = min(one, key=lambda n: abs(n - r["rows_per_forward"])) if one else None
+        alone = f"{one[rows]:.2f} ({rows} rows)" if rows else "-"
+        out.append(f"| {r['drafter']} | {'on' if r['graphs'] else 'off'} | {r['tokens_per_s']} | {r['tau']} | "
+                   f"{r['rows_per_forward']} | {r['ms_per_forward']:.2f} | {r['verify_ms_per_forward']:.2f} / "
+                   f"{r['draft_ms_per_forward']:.2f} | {alone} |")
     return out + [""]
 
 

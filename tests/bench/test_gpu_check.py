@@ -61,6 +61,11 @@ def test_tiny_cpu_run(tmp_path):
     assert cost["attention"] == "specdec" or cost["attention"] == "sdpa"  # a CPU: never the GPU's grouped one
     assert result["sections"]["cost_sdpa"]["attention"] == "sdpa"
     assert [(p["batch"], p["rows"]) for p in result["sections"]["profile"]] == [(1, 1), (8, 4), (32, 2)]
+    plain, lookup = result["sections"]["decode"]
+    assert (plain["drafter"], lookup["drafter"]) == ("none", "ngram") and not plain["graphs"]  # a CPU: eager
+    assert plain["tau"] == 1.0 and plain["rows_per_forward"] == 1.0 and plain["ms_per_forward"] > 0
+    assert lookup["rows_per_forward"] > 1.0  # the repeated prompt made prompt lookup draft
+    assert "End to end on the same model" in (tmp_path / "gpu_check.md").read_text()
     drafters = {r["drafter"] for r in result["sections"]["speedup"]["rows"]}
     # every drafter the committed workload report measured that the model has a draft cost for
     measured = json.loads(gpu_check.ACCEPTANCE.read_text())["results"]["overall"]
@@ -76,7 +81,7 @@ def test_a_section_that_raises_fails_the_check_and_the_rest_still_run(tmp_path, 
     def broken(*args, **kwargs):
         raise RuntimeError("no profiler here")
 
-    monkeypatch.setattr(gpu_check.gpu_checks, "profile", broken)
+    monkeypatch.setattr(gpu_check.gpu_cost, "profile", broken)
     assert gpu_check.main(["--device", "cpu", "--tiny", "--skip", "equality", "grpc", "gtest", "--out",
                            str(tmp_path)]) == 1
     result = json.loads((tmp_path / "gpu_check.json").read_text())
