@@ -12,7 +12,10 @@ grpcio and protobuf come along pinned, as the committed stubs need them).
 
 Sections (each timed; one that would start past --budget-s is skipped and says so):
   equality  greedy tokens of prompt lookup and a random draft model equal plain decoding, in process
-            (alone and batched) and through the gRPC stack on 127.0.0.1, CUDA graphs off and on
+            (alone and batched), CUDA graphs off and on
+  heads     the same for suffix decoding, the shipped Medusa, EAGLE and EAGLE-3 heads and the hybrid, on
+            a random-weight target of SmolLM2-135M's shapes (specdec/bench/gpu_heads.py)
+  grpc      the same prompts through the gRPC stack on 127.0.0.1 (prompt lookup, a draft model)
   gtest     the first two sampled tokens (a draft model drafting chains) against the exact joint
   cost      ms of one verify forward of an 8B-shaped Llama (bf16, random weights) against rows 1..64
             and batch 1..32, eager and graphed, and the ratio to the one-row step
@@ -38,11 +41,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from specdec.bench import gpu_checks, gpu_cost, speedup_model  # noqa: E402
+from specdec.bench import gpu_checks, gpu_cost, gpu_heads, speedup_model  # noqa: E402
 from specdec.bench.gpu_report import markdown  # noqa: E402
 from specdec.bench.machine import machine_info, versions  # noqa: E402
 
-SECTIONS = ("equality", "grpc", "gtest", "cost", "cost_sdpa", "profile", "decode", "speedup")
+SECTIONS = ("equality", "heads", "grpc", "gtest", "cost", "cost_sdpa", "profile", "decode", "speedup")
 ACCEPTANCE = ROOT / "benchmarks" / "results" / "workloads" / "report.json"
 
 
@@ -85,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
     device = str(resolve_device(args.device))  # one line and exit 2 from the CLI; here: a plain error
     sizes = gpu_checks.TINY if args.tiny else gpu_checks.Sizes()
+    head_sizes = gpu_heads.TINY_HEADS if args.tiny else gpu_heads.HeadSizes()
     began = time.perf_counter()
     result: dict = {"device": describe(torch.device(device)), "machine": machine_info(), "versions": versions(ROOT),
                     "tiny": args.tiny, "sections": {}, "skipped": {}}
@@ -112,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         models = gpu_checks.build_models(Path(tmp), sizes)
         section("equality", lambda: [row for graphs in (False, True)
                                      for row in gpu_checks.equality_in_process(models, device, graphs, sizes)])
+        section("heads", lambda: [row for graphs in (False, True)
+                                  for row in gpu_heads.equality_heads(Path(tmp), device, graphs, head_sizes)])
         section("grpc", lambda: [row for graphs in (False, True)
                                  for row in gpu_checks.equality_grpc(models, device, graphs, sizes)])
         section("gtest", lambda: gpu_checks.g_test(models, device, sizes))
@@ -122,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     if "cost" in result["sections"]:
         section("speedup", lambda: speedups(result["sections"]["cost"], Path(args.acceptance)))
     result["total_seconds"] = round(time.perf_counter() - began, 1)
-    checks = [*result["sections"].get("equality", []), *result["sections"].get("grpc", [])]
+    checks = [*result["sections"].get("equality", []), *result["sections"].get("heads", []),
+              *result["sections"].get("grpc", [])]
     result["ok"] = (all(r["identical"] and r.get("batched_identical", True) for r in checks)
                     and result["sections"].get("gtest", {}).get("passed", True) and not result.get("errors"))
     out = Path(args.out)

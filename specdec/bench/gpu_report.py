@@ -9,7 +9,7 @@ def markdown(result: dict) -> str:
              f"{', tiny sizes' if result.get('tiny') else ''}): {result.get('total_seconds')} s, "
              f"{'all exactness checks passed' if result.get('ok') else 'A CHECK FAILED'}.", ""]
     sections, skipped = result["sections"], result.get("skipped", {})
-    checks = [*sections.get("equality", []), *sections.get("grpc", [])]
+    checks = [*sections.get("equality", []), *sections.get("heads", []), *sections.get("grpc", [])]
     if checks:
         lines += ["| path | drafter | CUDA graphs | graphs ran | identical to plain | batched identical | accepted / drafted |",
                   "|---|---|---|---|---|---|---|"]

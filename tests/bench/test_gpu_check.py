@@ -55,6 +55,10 @@ def test_tiny_cpu_run(tmp_path):
     assert all(r["identical"] and r["batched_identical"] for r in equality)
     assert any(r["accepted"] > 0 for r in equality)  # the accept-and-commit path ran
     assert all(not r["graphs_active"] for r in equality if r["cuda_graphs"])  # a CPU: graphs fall back
+    heads = result["sections"]["heads"]  # every drafter that needs the embedded target's shapes
+    assert {r["drafter"] for r in heads} == {"suffix", "medusa", "hybrid (suffix + medusa)", "eagle", "eagle3"}
+    assert all(r["identical"] for r in heads) and len(heads) == 10  # graphs off and on
+    assert all(r["drafted"] > 0 for r in heads if r["drafter"] != "suffix")  # the heads loaded and drafted
     cost = result["sections"]["cost"]
     assert {(r["batch"], r["rows"]) for r in cost["rows"]} == {(b, n) for b in (1, 2) for n in (1, 2, 4)}
     assert all(r["eager_ms"] > 0 and r["graphs_ms"] is None for r in cost["rows"])
@@ -72,7 +76,8 @@ def test_tiny_cpu_run(tmp_path):
     assert drafters and drafters == set(gpu_check.speedup_model.DRAFT_COST_RATIO) & set(measured)
     assert result["skipped"] == {"grpc": "--skip", "gtest": "--skip"}
     table = (tmp_path / "gpu_check.md").read_text()
-    assert "| in process | noisy draft model, trees | off |" in table and "Modelled speedup per drafter" in table
+    assert "| in process | noisy draft model, trees | off |" in table
+    assert "| in process, SmolLM2-shaped | eagle3 | on |" in table and "Modelled speedup per drafter" in table
 
 
 def test_a_section_that_raises_fails_the_check_and_the_rest_still_run(tmp_path, monkeypatch):
@@ -82,7 +87,7 @@ def test_a_section_that_raises_fails_the_check_and_the_rest_still_run(tmp_path, 
         raise RuntimeError("no profiler here")
 
     monkeypatch.setattr(gpu_check.gpu_cost, "profile", broken)
-    assert gpu_check.main(["--device", "cpu", "--tiny", "--skip", "equality", "grpc", "gtest", "--out",
+    assert gpu_check.main(["--device", "cpu", "--tiny", "--skip", "equality", "heads", "grpc", "gtest", "--out",
                            str(tmp_path)]) == 1
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     assert result["errors"] == {"profile": "RuntimeError: no profiler here"} and not result["ok"]
