@@ -14,7 +14,8 @@ folds a single query's heads onto its kv head). This does the same fold for n ro
 so each kv head is read once by the groups * n rows that use it. Query head h maps to kv head
 h // groups, as in repeat_kv. The arithmetic per row is unchanged (one softmax over the same keys),
 so outputs match sdpa's up to its own kernel choice. Calls it does not cover (one row, no mask, no
-groups, dropout) go to transformers' sdpa as they are.
+groups, dropout, a position bias, logit soft-capping or attention sinks) go to transformers' sdpa as
+they are, which runs them or refuses them as it always did.
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
     groups = heads // kv_heads
     mask = attention_mask
     if (groups == 1 or rows == 1 or mask is None or dropout > 0.0 or mask.dim() != 4 or mask.shape[1] != 1
-            or kwargs.get("position_bias") is not None):
+            or any(kwargs.get(name) is not None for name in ("position_bias", "softcap", "s_aux"))):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,

@@ -75,3 +75,10 @@ def test_engine_tokens_equal_plain(tiny_target, tiny_noisy_draft, monkeypatch, c
     outs = [engine.generate(p, params) for p in prompts]
     assert [o.token_ids for o in outs] == want
     assert sum(o.stats.num_accepted_tokens for o in outs) > 0  # multi-row verify forwards ran and accepted
+
+
+def test_what_it_does_not_cover_goes_to_sdpa_as_it_is():
+    layer, mask = Layer(4), tree_mask(1, 3, 5)
+    query, key, value = torch.randn(1, 8, 3, 16), torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16)
+    with pytest.raises(ValueError, match="softcap"):  # sdpa refuses soft-capping; it is never silently dropped
+        grouped.grouped_attention(layer, query, key, value, mask, softcap=30.0)
