@@ -152,10 +152,10 @@ class SpeculationPolicy:
         accepted is learnt, its seconds are not."""
         rows = len(trees) * (1 + max((t.num_nodes for t in trees), default=0))
         # A verified draft's step costs what was spent getting it too: with the forward nearly flat in its
-        # rows, that time (drafts over gRPC, drafting between forwards) is what decides whether drafting
-        # pays. The budget keeps it apart from the forward's (specdec.policy.budget: d(B)).
-        self.batch.record(rows, verify_s if timed else None, sum(len(s.token_ids) for s in steps if s is not None),
-                          len(trees), draft_s=draft_s + wait_s if rows > len(trees) else 0.0)
+        # rows, that time (drafts over gRPC, drafting between forwards) is what decides whether drafting pays.
+        step_s = verify_s + (draft_s + wait_s if rows > len(trees) else 0.0)
+        self.batch.record(rows, step_s if timed else None, sum(len(s.token_ids) for s in steps if s is not None),
+                          len(trees))
         for key, tree, step in zip(keys, trees, steps):
             if step is not None:
                 self.observe(key, step.depth if tree.num_nodes else 0, step.num_accepted,

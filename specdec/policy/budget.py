@@ -12,13 +12,6 @@ costs and measured acceptance, how many nodes per sequence to verify:
                                           between a batch's measured counts; outside them anchored on its
                                           nearest one and shaped by the all-batch table (per row count,
                                           extrapolated pessimistically above its largest)
-                        + d(B) if R > 0   seconds of getting the drafts of a drafted step (drafting between
-                                          forwards, the wait for drafts from elsewhere): decayed mean per
-                                          batch size. Kept apart from t, as it is paid once a step whatever
-                                          R is: priced into the row table, the extrapolation read it as a
-                                          slope per row (4 sequences, in process: plain 11 ms, 2 rows each
-                                          11 ms + 3.3 ms of drafting, so 7 rows each "cost" 31 ms against
-                                          13.5 measured) and the budget stopped drafting at 4-8 users
     gain                B + sum_i sum_{node kept} P_i(node)
     P_i(node)           P_i(parent) * alpha_i * (1 - alpha_i)^rank   (rank among its siblings)
     choice              R maximising gain / cost, and R = 0 unless that beats R = 0 by min_gain
@@ -38,10 +31,6 @@ from dataclasses import dataclass
 from specdec.core.tree import DraftTree, node_depths
 
 NO_CAP = 1 << 16  # "no node limit": the sequence's own depth choice decides
-# Consecutive drafted steps that must choose R = 0 before drafting stops (cap 0). One step's trees can
-# promise little where the next ones' promise much (suffix decoding between two matches), and once the
-# cap is 0 no tree says so until a probe: 4 sequences in process drafted 1 step in 8 (tau 1.15).
-ZERO_STREAK = 3
 
 
 @dataclass(frozen=True)
@@ -69,13 +58,7 @@ class CostTable:
     count that measured dearer than a larger one caught a passing stall (the first measurement of a
     count is its mean outright). Without this bound, one stalled step made its count look dear for
     good: the policy stops choosing it, so it is never measured again (suffix decoding on a JSON prompt
-    then verified no 8-node tree for the rest of the answer: tau 1.54 against 1.68-1.76).
-
-    Nor is a count's largest count safe: a measurement below its mean replaces the mean at once (noise
-    only ever adds time, so the cheaper figure is the nearer one), while dearer ones move it by the decay.
-    The first drafted step of 4 sequences in process took 27.6 ms (a cold start) against 12.7 ms later;
-    at decay 0.9 and one probe in 32 steps its mean stayed above 20 ms for hundreds of steps, and the
-    budget verified no drafts at 4 users (tau 1.03)."""
+    then verified no 8-node tree for the rest of the answer: tau 1.54 against 1.68-1.76)."""
 
     def __init__(self, decay: float):
         self.decay = decay
@@ -83,8 +66,7 @@ class CostTable:
 
     def record(self, num_rows: int, seconds: float) -> None:
         old = self.means.get(num_rows)
-        self.means[num_rows] = (seconds if old is None or seconds < old
-                                else self.decay * old + (1 - self.decay) * seconds)
+        self.means[num_rows] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
 
     def estimate(self, num_rows: int) -> float | None:
         seconds = self._estimate(num_rows)
@@ -122,14 +104,12 @@ class BatchBudget:
         # (in process, bf16: ~14 ms against ~20 ms with drafting); one mean for both made plain steps at 8
         # sequences look 1.8x their cost and drafting look cheap against them
         self.batch_costs: dict[int, CostTable] = {}
-        self.draft_costs: dict[int, float] = {}  # per batch size: d(B), seconds of a drafted step's drafts
         self.last_budget = NO_CAP  # R chosen at the last step (NO_CAP: drafts were not cut)
         self.steps_since_probe = 0
         self.probe_interval = config.min_probe_interval
         self.probe_expected: float | None = None  # during a probe step: the expected rate of the choice
         self.probe_gain = 0.0  # ... and the tokens the probed nodes are expected to give
         self.num_choices = 0
-        self.zero_streak = 0  # consecutive choices of R = 0 over drafted trees
         self.alone = False  # the last step was one adaptive sequence's (SpeculationPolicy.allocate): its own choice
 
     def cap(self) -> int:
@@ -143,8 +123,6 @@ class BatchBudget:
             return NO_CAP if self.costs.means else self.config.probe_tokens
         if self.last_budget == NO_CAP:
             return NO_CAP
-        if self.last_budget == 0 and self.zero_streak < ZERO_STREAK:
-            return self.config.probe_tokens  # keep a few nodes drafted, so the next trees can say they pay
         if self.steps_since_probe + 1 >= self.probe_interval:
             return self.last_budget + self.config.probe_tokens  # drafts for a probe
         return self.last_budget if self.last_budget == 0 else self.last_budget + 1
@@ -159,12 +137,10 @@ class BatchBudget:
             return NO_CAP
         self.num_choices += 1
         best_r, best_rate, plain_rate = 0, None, None
-        draft = self.draft_estimate(batch)
         for r in range(max_nodes + 1):
             cost = self.estimate(batch, batch * (r + 1))
             if cost is None or cost <= 0:
                 continue
-            cost += draft if r > 0 else 0.0
             rate = (batch + sum(sum(order[:r]) for order in orders)) / cost
             plain_rate = rate if r == 0 else plain_rate
             if best_rate is None or rate > best_rate:
@@ -179,7 +155,6 @@ class BatchBudget:
             best_r = min(best_r + probe, max_nodes)
             self.probe_gain = batch + sum(sum(order[:best_r]) for order in orders)
         self.last_budget = NO_CAP if best_r >= max_nodes else best_r
-        self.zero_streak = self.zero_streak + 1 if best_r == 0 else 0
         return best_r
 
     def estimate(self, batch: int, num_rows: int) -> float | None:
@@ -199,18 +174,9 @@ class BatchBudget:
             return own.estimate(num_rows)
         return own.means[anchor] * shape / at_anchor
 
-    def draft_estimate(self, batch: int) -> float:
-        """d(B): the batch size's own mean; for one never measured, the nearest measured batch size's per
-        sequence times B; 0 before any drafted step (the first probe measures it)."""
-        if batch in self.draft_costs or not self.draft_costs:
-            return self.draft_costs.get(batch, 0.0)
-        near = min(self.draft_costs, key=lambda b: (abs(b - batch), b))
-        return self.draft_costs[near] * batch / near
-
-    def record(self, num_rows: int, seconds: float | None, num_tokens: int, batch: int,
-               draft_s: float = 0.0) -> None:
-        """The forward's padded rows, wall seconds (None: not what it costs; a probe then runs again),
-        tokens emitted over the batch, and (a drafted step: rows > batch) the seconds its drafts took."""
+    def record(self, num_rows: int, seconds: float | None, num_tokens: int, batch: int) -> None:
+        """The forward's padded rows, wall seconds (None: not what it costs; a probe then runs again)
+        and tokens emitted over the batch."""
         if not self.config.learn_costs:
             return
         if seconds is None:
@@ -218,10 +184,6 @@ class BatchBudget:
             return
         self.costs.record(num_rows, seconds)
         self.batch_costs.setdefault(batch, CostTable(self.config.decay)).record(num_rows, seconds)
-        if num_rows > batch:
-            old = self.draft_costs.get(batch)
-            self.draft_costs[batch] = draft_s if old is None else self.config.decay * old + (1 - self.config.decay) * draft_s
-            seconds += draft_s  # what the step cost, for judging a probe against its expected rate
         self.steps_since_probe += 1
         if self.probe_expected is not None:  # at its measured cost, does the probe beat the choice?
             # Judged on expected tokens, not the tokens this one step drew: at acceptance 0.3 a 2-node
