@@ -81,7 +81,6 @@ def build_drafter(config: DraftConfig):
         raise InvalidArgument(f"draft vocabulary ({draft.model.config.vocab_size}) differs from the target's "
                               f"({target_config.vocab_size})")
     drafter = DraftModelDrafter(ModelRunner(draft.model, load_vocab_ids(path), RunnerConfig(kv_cache=config.kv_cache,
-                                                                                   cuda_graphs=False,
                                                                                    linear_kernel=config.linear_kernel)),
                                 DraftModelConfig(**{"tree_width": config.tree_width, "q_top_n": config.q_top_n,
                                                     **options}))

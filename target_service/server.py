@@ -138,7 +138,7 @@ def serve(config: TargetConfig) -> int:
     # a follower has no drafter, no gRPC, only rank 0's model calls
     options = parse_options(config.drafter, config.drafter_options)
     drafter = None if rank > 0 else build_drafter(config.drafter, loaded, config.draft, options, dtype,
-                                                  RunnerConfig(kv_cache=config.kv_cache, cuda_graphs=False,
+                                                  RunnerConfig(kv_cache=config.kv_cache,
                                                                linear_kernel=config.linear_kernel))
     engine = Engine(loaded, drafter, engine_config)
     budget = kv_budget.plan(engine, config.max_sequences, config.max_kv_tokens, config.max_batch,

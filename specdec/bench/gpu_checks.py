@@ -75,15 +75,32 @@ DRAFTERS = {"prompt lookup": (dict(drafter="ngram", num_branches=2), None),
             "noisy draft model, trees": (dict(drafter="draft", tree_width=2), "noisy_draft")}
 
 
+def plain_tokens(target: str, device: str, prompts: list, params: SamplingParams) -> list[list[int]]:
+    """What every check compares with: plain eager decoding's greedy tokens, prompt by prompt."""
+    from specdec.engine import Engine
+
+    plain = Engine.from_pretrained(target=target, device=device, dtype="float32", adaptive=False, cuda_graphs=False)
+    return [plain.generate(p, params).token_ids for p in prompts]
+
+
+def equality_row(path: str, name: str, graphs: bool, engine, outs: list, want: list) -> dict:
+    """One in-process check's row: did `outs` (engine.generate's, prompt by prompt) equal `want`."""
+    graph_state = engine.runner.graphs
+    return {"path": path, "drafter": name, "cuda_graphs": graphs,
+            "graphs_active": bool(graph_state and graph_state.active),
+            "graphs_off_reason": graph_state.reason if graph_state else None,
+            "identical": [o.token_ids for o in outs] == want,
+            "accepted": sum(o.stats.num_accepted_tokens for o in outs),
+            "drafted": sum(o.stats.num_draft_tokens for o in outs)}
+
+
 def equality_in_process(models: dict[str, Path], device: str, graphs: bool, sizes: Sizes) -> list[dict]:
     """Greedy tokens of each drafter (graphs on or off) against plain eager decoding, prompt by prompt."""
     from specdec.batch import generate_batch
     from specdec.engine import Engine
 
     params = SamplingParams(max_new_tokens=sizes.max_new_tokens, ignore_eos=True)
-    plain = Engine.from_pretrained(target=str(models["target"]), device=device, dtype="float32", adaptive=False,
-                                   cuda_graphs=False)
-    want = [plain.generate(p, params).token_ids for p in PROMPTS]
+    want = plain_tokens(str(models["target"]), device, PROMPTS, params)
     rows = []
     for name, (options, draft_key) in {"plain": (dict(drafter="none"), None), **DRAFTERS}.items():
         draft = str(models[draft_key]) if draft_key else None
@@ -91,27 +108,18 @@ def equality_in_process(models: dict[str, Path], device: str, graphs: bool, size
                                         adaptive=False, cuda_graphs=graphs, num_speculative_tokens=4, **options)
         outs = [engine.generate(p, params) for p in PROMPTS]
         batched = generate_batch(engine, PROMPTS, params, max_batch=len(PROMPTS))
-        graph_state = engine.runner.graphs
-        rows.append({"path": "in process", "drafter": name, "cuda_graphs": graphs,
-                     "graphs_active": bool(graph_state and graph_state.active),
-                     "graphs_off_reason": graph_state.reason if graph_state else None,
-                     "identical": [o.token_ids for o in outs] == want, "batched_identical": batched == want,
-                     "accepted": sum(o.stats.num_accepted_tokens for o in outs),
-                     "drafted": sum(o.stats.num_draft_tokens for o in outs)})
+        rows.append({**equality_row("in process", name, graphs, engine, outs, want), "batched_identical": batched == want})
     return rows
 
 
 def equality_grpc(models: dict[str, Path], device: str, graphs: bool, sizes: Sizes) -> list[dict]:
     """The same prompts through router + target worker + draft worker on 127.0.0.1."""
     from specdec.client import Client
-    from specdec.engine import Engine
     from specdec.launch import start_stack
     from specdec.serving_config import DraftConfig, RouterConfig, StackConfig, TargetConfig
 
     params = SamplingParams(max_new_tokens=sizes.max_new_tokens, ignore_eos=True)
-    plain = Engine.from_pretrained(target=str(models["target"]), device=device, dtype="float32", adaptive=False,
-                                   cuda_graphs=False)
-    want = [plain.generate(p, params).token_ids for p in PROMPTS]
+    want = plain_tokens(str(models["target"]), device, PROMPTS, params)
     rows = []
     for name, drafter in (("prompt lookup", "ngram"), ("random draft model", "draft")):
         config = StackConfig(

@@ -32,7 +32,7 @@ def cost_model(device: str, sizes: Sizes, attention: str | None = None):
     (the baseline to compare)."""
     from specdec.models.runner import ModelRunner, RunnerConfig
 
-    runner = ModelRunner(llama(device, sizes), config=RunnerConfig(kv_cache="static", cuda_graphs=False))
+    runner = ModelRunner(llama(device, sizes), config=RunnerConfig(kv_cache="static"))
     if attention is not None:
         runner.model.config._attn_implementation = attention
     return runner
@@ -105,7 +105,7 @@ def decode(device: str, sizes: Sizes, new_tokens: int = 64, runs: int = 3) -> li
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     out = []
     for name in ("none", "ngram"):
-        config = EngineConfig(adaptive=False, num_speculative_tokens=4, runner=RunnerConfig(kv_cache="static"))
+        config = EngineConfig(adaptive=False, num_speculative_tokens=4, runner=RunnerConfig(cuda_graphs=None))
         engine = Engine(loaded, build_drafter(name, loaded, None, {}, loaded.model.dtype), config)
         engine.generate(prompt, params)  # captures this run's graphs
         stats = [engine.generate(prompt, params).stats for _ in range(runs)]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.bench.gpu_checks import PROMPTS, Sizes
+from specdec.bench.gpu_checks import PROMPTS, equality_row, plain_tokens
 from specdec.core.types import SamplingParams
 
 
@@ -61,20 +61,12 @@ def equality_heads(root: Path, device: str, graphs: bool, sizes: HeadSizes) -> l
     target = str(save_smol_shaped(root / "smol-shaped"))
     prompts = PROMPTS[:sizes.num_prompts]
     params = SamplingParams(max_new_tokens=sizes.max_new_tokens, ignore_eos=True)
-    plain = Engine.from_pretrained(target=target, device=device, dtype="float32", adaptive=False, cuda_graphs=False)
-    want = [plain.generate(p, params).token_ids for p in prompts]
-    del plain
+    want = plain_tokens(target, device, prompts, params)
     rows = []
     for name, options in drafters(checkpoints_dir()).items():
         engine = Engine.from_pretrained(target=target, device=device, dtype="float32", adaptive=False,
                                         cuda_graphs=graphs, num_speculative_tokens=4, **options)
-        outs = [engine.generate(p, params) for p in prompts]
-        graph_state = engine.runner.graphs
-        rows.append({"path": "in process, SmolLM2-shaped", "drafter": name, "cuda_graphs": graphs,
-                     "graphs_active": bool(graph_state and graph_state.active),
-                     "graphs_off_reason": graph_state.reason if graph_state else None,
-                     "identical": [o.token_ids for o in outs] == want,
-                     "accepted": sum(o.stats.num_accepted_tokens for o in outs),
-                     "drafted": sum(o.stats.num_draft_tokens for o in outs)})
+        rows.append(equality_row("in process, SmolLM2-shaped", name, graphs, engine,
+                                 [engine.generate(p, params) for p in prompts], want))
         del engine
     return rows

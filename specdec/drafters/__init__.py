@@ -97,7 +97,7 @@ def build_drafter(name: str, target, draft_path, options: dict, dtype, runner_co
     if draft.model.config.vocab_size != target.model.config.vocab_size:
         raise InvalidArgument(f"draft vocabulary ({draft.model.config.vocab_size}) differs from the target's "
                               f"({target.model.config.vocab_size}); the draft must share the target's tokenizer")
-    return DraftModelDrafter(ModelRunner(draft.model, load_vocab_ids(draft_path), runner_config or RunnerConfig(cuda_graphs=False)),
+    return DraftModelDrafter(ModelRunner(draft.model, load_vocab_ids(draft_path), runner_config or RunnerConfig()),
                              DraftModelConfig(**options))
 
 

@@ -28,13 +28,13 @@ def shipped_checkpoint(name: str, target) -> Path | None:
 
 def build_self_drafter(name: str, target, draft_path, options: dict):
     """A Medusa, EAGLE or EAGLE-3 drafter reading `target`'s features, from draft_path or the shipped checkpoint."""
-    from specdec.models.runner import ModelRunner, RunnerConfig
+    from specdec.models.runner import ModelRunner
 
     path = Path(draft_path).expanduser() if draft_path is not None else shipped_checkpoint(name, target)
     if path is None:
         raise InvalidArgument(f"no trained {name} drafter is shipped for the target {str(target.path)!r}; "
                               f"train one (specdec train {name} --target PATH --out DIR) and pass draft=DIR")
-    runner = ModelRunner(target.model, config=RunnerConfig(cuda_graphs=False))  # the heads' reads of the target
+    runner = ModelRunner(target.model)
     if name == "medusa":
         from specdec.drafters.medusa import MedusaDrafter
 

@@ -30,15 +30,21 @@ def runs_on(model: torch.nn.Module) -> bool:
             and first.dtype in (torch.float32, torch.bfloat16) and head_dim % 16 == 0 and head_dim <= 256)
 
 
-@functools.lru_cache(maxsize=1)
-def register() -> str:
-    """Register "specdec" with transformers' attention and mask registries (once per process)."""
+@functools.lru_cache(maxsize=None)
+def register_as(name: str, function) -> str:
+    """Register `function` with transformers' attention registry as `name`, its masks built as sdpa's
+    (once per name and process); returns the name, for config._attn_implementation."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
-    AttentionInterface.register(NAME, specdec_attention)
-    AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
-    return NAME
+    AttentionInterface.register(name, function)
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    return name
+
+
+def register() -> str:
+    """Register "specdec" (this module's kernel)."""
+    return register_as(NAME, specdec_attention)
 
 
 def specdec_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

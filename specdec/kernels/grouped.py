@@ -19,8 +19,6 @@ they are, which runs them or refuses them as it always did.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
 NAME = "specdec_grouped"
@@ -34,15 +32,11 @@ def wanted(model: torch.nn.Module) -> bool:
     return next(model.parameters()).device.type == "cuda" and kv_heads < heads
 
 
-@functools.lru_cache(maxsize=1)
 def register() -> str:
-    """Register NAME with transformers' attention and mask registries (once per process)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    """Register NAME (specdec.kernels.attention.register_as)."""
+    from specdec.kernels.attention import register_as
 
-    AttentionInterface.register(NAME, grouped_attention)
-    AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
-    return NAME
+    return register_as(NAME, grouped_attention)
 
 
 def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -60,7 +54,9 @@ def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
-    mask = mask[..., :key.shape[2]].repeat(1, 1, groups, 1)  # [B, 1, groups * n, L]
+    # [B, 1, groups * n, L]: a copy per layer of the mask (n x L per sequence, against the groups x L x d
+    # keys and values per kv head that repeat_kv copied)
+    mask = mask[..., :key.shape[2]].repeat(1, 1, groups, 1)
     packed = query.reshape(batch, kv_heads, groups * rows, dim)
     out = torch.nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=mask, scale=scaling)
     return out.reshape(batch, heads, rows, dim).transpose(1, 2).contiguous(), None

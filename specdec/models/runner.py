@@ -41,8 +41,9 @@ class RunnerConfig:
     kv_cache: str = DEFAULT_KV_CACHE  # static | dynamic
     # Verify forwards as CUDA graphs for padded shapes (specdec.graphs). None (auto): wherever they run
     # (one CUDA device, a static cache), eager elsewhere without a word; True: asked for, so eager where
-    # they cannot run is logged once with the reason; False: eager.
-    cuda_graphs: bool | None = None
+    # they cannot run is logged once with the reason; False: eager. Off unless asked: a target's
+    # deployments (Engine.from_pretrained, the target worker) ask for auto; draft models and heads never do.
+    cuda_graphs: bool | None = False
     # auto | specdec | torch: the linear layers and LM head on specdec's row-invariant CPU kernel
     # (specdec.kernels.linear) or on torch's F.linear; auto = specdec's wherever it runs.
     linear_kernel: str = DEFAULT_LINEAR_KERNEL
