@@ -10,7 +10,11 @@ forward runs at fixed width:
            their own column (no all -inf row, no NaN)
 
 and one `torch.cuda.CUDAGraph` is captured per (B_pad, N_pad, C, store): inputs are copied into its
-static buffers, it replays, and the real rows are copied out. Graphs of our own rather than
+static buffers, it replays, and the real rows are copied out. A graph holds its store's address, so
+the stores are pooled, one per (B_pad, C): the next sequence or batch of a shape copies its entries
+into the pooled store (when no live cache holds it) and replays the graphs captured over it. Without
+the pool every new request and every change of the batch allocated a store at a new address and
+captured its graphs again, a few eager forwards each. Graphs of our own rather than
 torch.compile(mode="reduce-overhead"): a capture costs a few forwards of the eager kernels, where
 torch.compile first compiles each shape with inductor. The cache's store is re-homed once into
 a B_pad x C store when its batch or capacity does not fit (it then stays for as long as the batch
@@ -25,6 +29,7 @@ never output: the fixed-width forward sees exactly the entries the eager one see
 from __future__ import annotations
 
 import logging
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -37,6 +42,7 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 MIN_CAPACITY = 256
 MAX_GRAPHS = 64  # captured graphs kept (least recently used dropped): their memory comes from one pool
+MAX_STORES = 4  # pooled KV stores kept, one per (B_pad, C) (the least recently used free one dropped)
 
 
 def bucket(n: int, buckets: tuple[int, ...]) -> int | None:
@@ -74,6 +80,10 @@ class GraphedDecoder:
         self.pool = torch.cuda.graph_pool_handle() if capture and self.reason is None else None
         self.graphs: OrderedDict[tuple, Captured] = OrderedDict()  # (B_pad, N_pad, C, store address) -> graph
         self.shapes: set[tuple[int, int, int]] = set()  # (B_pad, N_pad, C) run so far
+        # (B_pad, C) -> the pooled store [layers, 2, B_pad, kv_heads, C, head_dim] and the cache that took it last
+        self.stores: OrderedDict[tuple[int, int], tuple[torch.Tensor, weakref.ref]] = OrderedDict()
+        self.num_captures = 0
+        self.num_stores = 0  # stores allocated (a request or batch that found its shape's store free allocates none)
 
     @property
     def active(self) -> bool:
@@ -127,6 +137,7 @@ class GraphedDecoder:
         bufs.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(bufs.graph, pool=self.pool):
             bufs.hidden = self._fixed_width(bufs, cache)
+        self.num_captures += 1
         self.graphs[key] = bufs
         while len(self.graphs) > MAX_GRAPHS:  # graphs of stores long gone
             self.graphs.popitem(last=False)
@@ -154,16 +165,48 @@ class GraphedDecoder:
         if (store is not None and store.shape[2] == batch and cache.capacity >= capacity
                 and cache.capacity == capacity_bucket(cache.capacity)):
             return
-        config = self.runner.config
-        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        new = torch.zeros(len(cache.layers), 2, batch, heads, capacity, head_dim, dtype=self.runner.dtype,
-                          device=self.runner.device)
+        new = self._pooled_store(cache, batch, capacity)
         if store is not None and cache.length:
             rows = min(batch, store.shape[2])
             new[:, :, :rows, :, :cache.length] = store[:, :, :rows, :, :cache.length]
         cache.adopt(new, cache.length)
 
+    def _pooled_store(self, cache: StaticKVCache, batch: int, capacity: int) -> torch.Tensor:
+        """A zeroed store [layers, 2, batch, kv_heads, capacity, head_dim] for `cache`: the pool's one of
+        this shape unless another live cache still holds it (then a store of its own, unpooled).
+        Zeros, because a fixed-width forward reads every column (masked; a NaN would still spread)."""
+        key = (batch, capacity)
+        pooled = self.stores.get(key)
+        if pooled is not None:
+            store, taker = pooled[0], pooled[1]()
+            if taker is not None and taker is not cache and taker.store is store:
+                return self._new_store(len(cache.layers), batch, capacity)
+            store.zero_()
+        else:
+            store = self._new_store(len(cache.layers), batch, capacity)
+        self.stores[key] = (store, weakref.ref(cache))
+        self.stores.move_to_end(key)
+        self._drop_free_stores()
+        return store
+
+    def _drop_free_stores(self) -> None:
+        """Beyond MAX_STORES, drop the least recently taken stores no live cache holds, with their graphs."""
+        for key in list(self.stores)[:-1]:
+            if len(self.stores) <= MAX_STORES:
+                return
+            store, taker = self.stores[key][0], self.stores[key][1]()
+            if taker is None or taker.store is not store:
+                del self.stores[key]
+                for graph_key in [g for g in self.graphs if g[3] == store.data_ptr()]:
+                    del self.graphs[graph_key]
+
+    def _new_store(self, num_layers: int, batch: int, capacity: int) -> torch.Tensor:
+        self.num_stores += 1
+        config = self.runner.config
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return torch.zeros(num_layers, 2, batch, heads, capacity, head_dim, dtype=self.runner.dtype,
+                           device=self.runner.device)
 
 def _fill(bufs: Captured, input_ids: torch.Tensor, positions: torch.Tensor, attn_bias: torch.Tensor,
           start: int) -> None:

@@ -60,3 +60,35 @@ def test_fixed_width_padded_forward_equals_eager(tiny_target, tiny_noisy_draft, 
     assert {b for b, _, _ in shapes} >= {1, 4} and all(c in (256, 512) for _, _, c in shapes)
     if config["drafter"] != "none":
         assert max(n for _, n, _ in shapes) > 1  # trees went through padded row counts
+
+
+def test_stores_are_pooled_so_graphs_outlive_a_request(tiny_target, tiny_noisy_draft):
+    """A graph replays over the store it was captured with: each new request (and each batch of the same
+    shape) must get that store back, not one at a new address, or its graphs are captured again."""
+    engine = Engine.from_pretrained(target=tiny_target, draft=tiny_noisy_draft, drafter="draft", device="cpu",
+                                    adaptive=False, kv_cache="static", num_speculative_tokens=3)
+    eager = Engine.from_pretrained(target=tiny_target, draft=tiny_noisy_draft, drafter="draft", device="cpu",
+                                   adaptive=False, kv_cache="dynamic", num_speculative_tokens=3)
+    graphs = engine.runner.graphs = GraphedDecoder(engine.runner, capture=False)
+    params = SamplingParams(max_new_tokens=20, ignore_eos=True)
+    for prompt in PROMPTS + PROMPTS[:1]:
+        assert engine.generate(prompt, params).token_ids == eager.generate(prompt, params).token_ids
+    assert graphs.num_stores == 1 and list(graphs.stores) == [(1, 256)]  # one store, taken by every request
+    batched = generate_batch(engine, PROMPTS, params, max_batch=3)
+    assert batched == generate_batch(eager, PROMPTS, params, max_batch=3)
+    allocated = graphs.num_stores
+    assert generate_batch(engine, PROMPTS, params, max_batch=3) == batched
+    assert graphs.num_stores == allocated and graphs.stores.keys() >= {(1, 256), (4, 256)}
+
+
+def test_a_store_held_by_a_live_cache_is_not_shared(tiny_target):
+    engine = Engine.from_pretrained(target=tiny_target, drafter="none", device="cpu", kv_cache="static")
+    graphs = GraphedDecoder(engine.runner, capture=False)
+    first, second = engine.runner.new_cache(300), engine.runner.new_cache(300)
+    graphs._rehome(first, 1, 512)
+    graphs._rehome(second, 1, 512)
+    assert first.store.data_ptr() != second.store.data_ptr()  # first still holds the pooled one
+    del first
+    third = engine.runner.new_cache(300)
+    graphs._rehome(third, 1, 512)
+    assert third.store is graphs.stores[(1, 512)][0] and not third.store.any()  # free again, and zeroed

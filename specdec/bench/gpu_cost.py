@@ -108,10 +108,13 @@ def decode(device: str, sizes: Sizes, new_tokens: int = 64, runs: int = 3) -> li
         config = EngineConfig(adaptive=False, num_speculative_tokens=4, runner=RunnerConfig(cuda_graphs=None))
         engine = Engine(loaded, build_drafter(name, loaded, None, {}, loaded.model.dtype), config)
         engine.generate(prompt, params)  # captures this run's graphs
+        graphs = engine.runner.graphs
+        captured = graphs.num_captures if graphs else 0
         stats = [engine.generate(prompt, params).stats for _ in range(runs)]
         forwards = sum(s.num_target_forwards for s in stats)
         decode_s = sum(s.elapsed_s - s.prefill_s for s in stats)
-        out.append({"drafter": name, "graphs": bool(engine.runner.graphs and engine.runner.graphs.active),
+        out.append({"drafter": name, "graphs": bool(graphs and graphs.active),
+                    "captures_timed": (graphs.num_captures if graphs else 0) - captured,
                     "tokens_per_s": round(sum(s.num_new_tokens for s in stats) / sum(s.elapsed_s for s in stats), 1),
                     "ms_per_forward": round(1000 * decode_s / forwards, 3),
                     "verify_ms_per_forward": round(1000 * sum(s.verify_s for s in stats) / forwards, 3),

@@ -22,6 +22,8 @@ DynamicCache, which is why outputs are the same token for token.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
@@ -37,7 +39,13 @@ class StaticLayer(CacheLayerMixin):
 
     def __init__(self, owner: StaticKVCache, index: int):
         super().__init__()
-        self.owner, self.index = owner, index
+        # a weak reference: no cycle between a cache and its layers, so a dropped cache (and its store)
+        # is freed at once rather than at the next garbage collection
+        self._owner, self.index = weakref.ref(owner), index
+
+    @property
+    def owner(self) -> StaticKVCache:
+        return self._owner()
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.owner.allocate(key_states)
