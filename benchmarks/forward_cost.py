@@ -39,10 +39,14 @@ OUT = Path("benchmarks/results/forward_cost")
 
 def stream_rate_gbs(num_bytes: int = 1 << 30, repeats: int = 5) -> float:
     """Memory read rate: the fastest of `repeats` sums of a float32 tensor far larger than any cache."""
+    return max(stream_samples_gbs(num_bytes, repeats))
+
+
+def stream_samples_gbs(num_bytes: int = 1 << 30, repeats: int = 5) -> list[float]:
+    """The read rate of each of `repeats` sums of a float32 tensor far larger than any cache."""
     data = torch.ones(num_bytes // 4)
     data.sum()
-    best = min(_timed(data.sum) for _ in range(repeats))
-    return num_bytes / best / 1e9
+    return [num_bytes / _timed(data.sum) / 1e9 for _ in range(repeats)]
 
 
 def _timed(fn) -> float:
@@ -111,7 +115,10 @@ def runner_config(kernel: str) -> RunnerConfig:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    rate = stream_rate_gbs()  # re-measured before every case; the fastest seen is the floor's rate
+    # re-measured before every case; the fastest seen is the floor's rate. The median is reported beside it:
+    # a shared VM's memory can swing between two rates for minutes (an AMD EPYC host: ~34 and ~64 GB/s)
+    samples = stream_samples_gbs()
+    rate = max(samples)
     results, floors, kv_bytes = [], {}, {}
     cases = [(c, b) for c in args.contexts for b in args.batches]
     bar = tqdm(total=len(args.dtypes) * len(cases) * len(args.rows), desc="forwards", file=sys.stderr)
@@ -121,7 +128,8 @@ def measure(args: argparse.Namespace) -> dict:
                    for kernel in args.kernels}
         for context, batch in cases:
             caches = {}
-            rate = max(rate, stream_rate_gbs())
+            samples += stream_samples_gbs()
+            rate = max(samples)
             for kernel, runner in runners.items():
                 floors[dtype_name] = weight_bytes(runner)  # bytes here; ms at the end, at the fastest rate
                 kv_bytes[dtype_name] = kv_bytes_per_token(runner)
@@ -140,7 +148,8 @@ def measure(args: argparse.Namespace) -> dict:
         del runners, caches
     bar.close()
     return {"machine": machine_info(), "versions": versions(Path(".")), "threads": torch.get_num_threads(),
-            "stream_rate_gbs": round(rate, 1), "floor_ms": {k: round(v / rate / 1e6, 2) for k, v in floors.items()},
+            "stream_rate_gbs": round(rate, 1), "stream_median_gbs": round(statistics.median(samples), 1),
+            "num_stream_samples": len(samples), "floor_ms": {k: round(v / rate / 1e6, 2) for k, v in floors.items()},
             "kv_bytes_per_token": kv_bytes, "kv_ms_per_token": {k: v / rate / 1e6 for k, v in kv_bytes.items()},
             "repeats": args.repeats, "results": results}
 
@@ -155,7 +164,8 @@ def render_markdown(report: dict) -> str:
     rows = sorted({r["rows"] for r in report["results"]})
     lines = [f"CPU: {m['cpu']}; flags: {', '.join(m['cpu_flags'])}; {m['num_cpus']} CPUs, "
              f"{report['threads']} torch threads; load average {m.get('load_average_1m')} at the start. "
-             f"Memory stream {report['stream_rate_gbs']} GB/s; floors: "
+             f"Memory stream {report['stream_rate_gbs']} GB/s (the fastest of {report.get('num_stream_samples', '?')} sums; "
+             f"their median {report.get('stream_median_gbs', '?')} GB/s); floors: "
              + ", ".join(f"{d} {v} ms" for d, v in report["floor_ms"].items())
              + f" (weights only). Fastest of {report['repeats']} (ms per forward incl. the LM head over every row); "
              "floor incl. K/V: the weights plus the keys and values a one-row forward reads.", "",

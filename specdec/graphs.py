@@ -14,9 +14,10 @@ static buffers, it replays, and the real rows are copied out. A graph holds its 
 the stores are pooled, one per (B_pad, C): the next sequence or batch of a shape copies its entries
 into the pooled store (when no live cache holds it) and replays the graphs captured over it. Without
 the pool every new request and every change of the batch allocated a store at a new address and
-captured its graphs again, a few eager forwards each. Graphs of our own rather than
-torch.compile(mode="reduce-overhead"): a capture costs a few forwards of the eager kernels, where
-torch.compile first compiles each shape with inductor. The cache's store is re-homed once into
+captured its graphs again, a few eager forwards each. The price is memory: up to MAX_STORES stores stay
+allocated while no cache uses them (the least recently taken free one goes first). Graphs of our own
+rather than torch.compile(mode="reduce-overhead"): a capture costs a few forwards of the eager kernels,
+where torch.compile first compiles each shape with inductor. The cache's store is re-homed once into
 a B_pad x C store when its batch or capacity does not fit (it then stays for as long as the batch
 does). Outputs are the step's real rows only; the padding's KV columns lie beyond every row's length
 and are never seen.
