@@ -1,6 +1,6 @@
-"""Does the one-row forward follow the memory's rate? Sums of 1 GB and one-row float32 forwards, interleaved.
+"""Does the one-row forward follow the memory's rate? Sums of 1 GB and one-row forwards, interleaved.
 
-    .venv/bin/python benchmarks/stream_vs_forward.py [PAIRS]     # default 100 pairs, 256 cached tokens
+    .venv/bin/python benchmarks/stream_vs_forward.py [--pairs 100] [--dtype float32]     # 256 cached tokens
 
 forward_cost.py's floor is the fastest sum of its run. On a shared VM the memory can swing for minutes
 between two rates (an AMD EPYC host: ~34 and ~64 GB/s), and whether the forward speeds up with it says
@@ -9,6 +9,7 @@ reads) and the pairs in order.
 """
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
@@ -26,15 +27,18 @@ from specdec.models.runner import ModelRunner  # noqa: E402
 
 
 def main() -> None:
-    pairs = int(sys.argv[1]) if len(sys.argv) > 1 else 100
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=100)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    args = parser.parse_args()
     torch.set_num_threads(2)
     m = machine_info()
-    print(f"CPU: {m['cpu']}; flags: {', '.join(m['cpu_flags'])}; torch threads {torch.get_num_threads()}")
-    runner = ModelRunner(load_model(embedded_target_path(), DTYPES["float32"]).model, config=runner_config("specdec"))
+    print(f"CPU: {m['cpu']}; flags: {', '.join(m['cpu_flags'])}; torch threads {torch.get_num_threads()}; {args.dtype}")
+    runner = ModelRunner(load_model(embedded_target_path(), DTYPES[args.dtype]).model, config=runner_config("specdec"))
     num_bytes, cache = weight_bytes(runner), filled_cache(runner, 1, 256)
     data = torch.ones(1 << 28)
     sums, forwards = [], []
-    for _ in range(pairs):
+    for _ in range(args.pairs):
         start = time.perf_counter()
         data.sum()
         sums.append((1 << 30) / (time.perf_counter() - start) / 1e9)

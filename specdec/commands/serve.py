@@ -132,7 +132,8 @@ def run_stack(args: argparse.Namespace) -> int:
                       """-H 'Content-Type: application/json' -d '{"messages": [{"role": "user", "content": "Hi!"}]}'""",
                       flush=True)
             print("Ctrl-C stops it.", flush=True)
-        stop.wait()
+        while not stop.wait(0.1):  # in slices: a signal delivered to another thread is handled on the next one
+            pass
     finally:
         stack.stop()
     return 0
