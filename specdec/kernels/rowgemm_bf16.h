@@ -171,7 +171,9 @@ inline void bf16_tiles(int64_t isa, const void* x, int64_t M, int64_t K2, const 
   const int64_t elem = out_fp32 ? 4 : 2;
   for (int64_t t = begin; t < end; ++t) {
     const int64_t col = t * TILE;
-    const char* pf = t + 1 < end ? reinterpret_cast<const char*>(wd + (t + 1) * K2 * 2 * TILE) : nullptr;
+    // the next tile, or for one row of AVX512-BF16 on AMD a short distance ahead (amd_one_row_ahead)
+    const int64_t ahead = isa == AVX512_BF16 && M == 1 && amd_one_row_ahead() ? amd_one_row_ahead() : K2 * 2 * TILE * 2;
+    const char* pf = t + 1 < end ? reinterpret_cast<const char*>(wd + t * K2 * 2 * TILE) + ahead : nullptr;
     bf16_tile(isa, wd + t * K2 * 2 * TILE, xp, K2, K2, yd + col * elem, n_out, elem, std::min(TILE, n_out - col), M,
               out_fp32, pf);
   }

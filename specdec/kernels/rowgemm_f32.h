@@ -22,16 +22,6 @@ namespace specdec_rowgemm {
 constexpr int64_t F32_CHUNK = 128;
 constexpr int64_t F32_AHEAD = 73728;
 
-// How far ahead a one-row call prefetches. On an AMD EPYC (Zen 4, 2 cores) a short distance streamed
-// faster: a one-row SmolLM2 forward's weights came at 35-37 GB/s against 31 with F32_AHEAD while a 1 GB sum
-// read ~60 (and 26-28 against 25-26 when the sum read ~34), alternating builds; a C loop over the same
-// tiles, 46-47 GB/s against 37-39. Many rows need the long distance (4 KB for them: 8 rows 26-28 ms
-// against 19-21). Not measured on Intel CPUs, where one-row forwards already ran at their memory's rate.
-inline int64_t f32_one_row_ahead() {
-  static const int64_t ahead = __builtin_cpu_is("amd") ? int64_t{4096} : F32_AHEAD;
-  return ahead;
-}
-
 // Row groups per chunk: at most 12 rows each, and two at least from 5 rows on. One group of 8 rows waits on
 // the stream at every chunk; 4 + 4 lets the second group compute from L1 while the stream catches up (8 rows
 // of SmolLM2's products, 2 threads: 22.9 -> 21.5 ms, one row 19.4). Fewer than 5 rows have little to hide.
@@ -178,7 +168,8 @@ inline void f32_tiles(int64_t isa, const float* xd, int64_t M, int64_t K, const 
   for (int64_t t = begin; t < end; ++t) {
     const int64_t col = t * TILE;
     const char* next = t + 1 < end ? reinterpret_cast<const char*>(wd + (t + 1) * K * TILE) : nullptr;
-    const char* ahead = reinterpret_cast<const char*>(wd + t * K * TILE) + (M == 1 ? f32_one_row_ahead() : F32_AHEAD);
+    const int64_t distance = M == 1 && amd_one_row_ahead() ? amd_one_row_ahead() : F32_AHEAD;  // AVX-512's
+    const char* ahead = reinterpret_cast<const char*>(wd + t * K * TILE) + distance;
     f32_tile(isa, wd + t * K * TILE, xd, K, K, yd + col, n_out, std::min(TILE, n_out - col), M, next, ahead,
              reinterpret_cast<const char*>(wd + end * K * TILE));
   }
