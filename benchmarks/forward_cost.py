@@ -37,11 +37,6 @@ from specdec.models.runner import ModelRunner, RunnerConfig
 OUT = Path("benchmarks/results/forward_cost")
 
 
-def stream_rate_gbs(num_bytes: int = 1 << 30, repeats: int = 5) -> float:
-    """Memory read rate: the fastest of `repeats` sums of a float32 tensor far larger than any cache."""
-    return max(stream_samples_gbs(num_bytes, repeats))
-
-
 def stream_samples_gbs(num_bytes: int = 1 << 30, repeats: int = 5) -> list[float]:
     """The read rate of each of `repeats` sums of a float32 tensor far larger than any cache."""
     data = torch.ones(num_bytes // 4)

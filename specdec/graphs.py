@@ -177,14 +177,13 @@ class GraphedDecoder:
         this shape unless another live cache still holds it (then a store of its own, unpooled).
         Zeros, because a fixed-width forward reads every column (masked; a NaN would still spread)."""
         key = (batch, capacity)
-        pooled = self.stores.get(key)
-        if pooled is not None:
-            store, taker = pooled[0], pooled[1]()
-            if taker is not None and taker is not cache and taker.store is store:
-                return self._new_store(len(cache.layers), batch, capacity)
-            store.zero_()
-        else:
+        if key not in self.stores:
             store = self._new_store(len(cache.layers), batch, capacity)
+        elif self._holder(key) not in (None, cache):
+            return self._new_store(len(cache.layers), batch, capacity)
+        else:
+            store = self.stores[key][0]
+            store.zero_()
         self.stores[key] = (store, weakref.ref(cache))
         self.stores.move_to_end(key)
         self._drop_free_stores()
@@ -195,11 +194,15 @@ class GraphedDecoder:
         for key in list(self.stores)[:-1]:
             if len(self.stores) <= MAX_STORES:
                 return
-            store, taker = self.stores[key][0], self.stores[key][1]()
-            if taker is None or taker.store is not store:
-                del self.stores[key]
-                for graph_key in [g for g in self.graphs if g[3] == store.data_ptr()]:
+            if self._holder(key) is None:
+                address = self.stores.pop(key)[0].data_ptr()
+                for graph_key in [g for g in self.graphs if g[3] == address]:
                     del self.graphs[graph_key]
+
+    def _holder(self, key: tuple[int, int]) -> StaticKVCache | None:
+        """The live cache whose store the pooled one of `key` is now (None: it is free)."""
+        store, taker = self.stores[key][0], self.stores[key][1]()
+        return taker if taker is not None and taker.store is store else None
 
     def _new_store(self, num_layers: int, batch: int, capacity: int) -> torch.Tensor:
         self.num_stores += 1
@@ -208,6 +211,7 @@ class GraphedDecoder:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         return torch.zeros(num_layers, 2, batch, heads, capacity, head_dim, dtype=self.runner.dtype,
                            device=self.runner.device)
+
 
 def _fill(bufs: Captured, input_ids: torch.Tensor, positions: torch.Tensor, attn_bias: torch.Tensor,
           start: int) -> None:

@@ -108,6 +108,7 @@ def _stack_config(args: argparse.Namespace) -> StackConfig:
 
 def run_stack(args: argparse.Namespace) -> int:
     from specdec.launch import start_stack
+    from specdec.rpc.server import wait_for_signal
 
     config = stack_config(args)
     check_devices(config)
@@ -132,8 +133,7 @@ def run_stack(args: argparse.Namespace) -> int:
                       """-H 'Content-Type: application/json' -d '{"messages": [{"role": "user", "content": "Hi!"}]}'""",
                       flush=True)
             print("Ctrl-C stops it.", flush=True)
-        while not stop.wait(0.1):  # in slices: a signal delivered to another thread is handled on the next one
-            pass
+        wait_for_signal(stop)
     finally:
         stack.stop()
     return 0

@@ -168,7 +168,7 @@ inline void f32_tiles(int64_t isa, const float* xd, int64_t M, int64_t K, const 
   for (int64_t t = begin; t < end; ++t) {
     const int64_t col = t * TILE;
     const char* next = t + 1 < end ? reinterpret_cast<const char*>(wd + (t + 1) * K * TILE) : nullptr;
-    const int64_t distance = M == 1 && amd_one_row_ahead() ? amd_one_row_ahead() : F32_AHEAD;  // AVX-512's
+    const int64_t distance = M == 1 && amd_one_row_ahead() ? amd_one_row_ahead() : F32_AHEAD;  // AVX-512 only
     const char* ahead = reinterpret_cast<const char*>(wd + t * K * TILE) + distance;
     f32_tile(isa, wd + t * K * TILE, xd, K, K, yd + col, n_out, std::min(TILE, n_out - col), M, next, ahead,
              reinterpret_cast<const char*>(wd + end * K * TILE));

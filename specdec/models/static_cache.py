@@ -63,14 +63,15 @@ class StaticLayer(CacheLayerMixin):
         Fixed width (`owner.write_positions` set, specdec.graphs): the entries go to those columns and
         the whole capacity is returned, so shapes and addresses do not change from step to step and
         no Python state is read (what a captured CUDA graph replays); the caller keeps `length`."""
-        positions = self.owner.write_positions
+        owner = self.owner
+        positions = owner.write_positions
         if positions is not None:
             self.keys.index_copy_(2, positions, key_states)
             self.values.index_copy_(2, positions, value_states)
             return self.keys, self.values
-        if self.owner.store is None:
-            self.owner.allocate(key_states)
-        start = self.owner.pending_start(self.index, key_states.shape[-2])
+        if owner.store is None:
+            owner.allocate(key_states)
+        start = owner.pending_start(self.index, key_states.shape[-2])
         end = start + key_states.shape[-2]
         self.keys[:, :, start:end].copy_(key_states)
         self.values[:, :, start:end].copy_(value_states)

@@ -122,6 +122,15 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
+def wait_for_signal(stop: threading.Event) -> None:
+    """Until a signal handler sets `stop`, waiting in short slices: a process-wide SIGTERM may be delivered
+    to any thread (gRPC's, torch's), and then only sets Python's pending flag; the main thread runs the
+    handler when it next returns to bytecode, which an untimed wait would put off until something else woke
+    it (make test once saw a target answer SERVING for 10 s after SIGTERM)."""
+    while not stop.wait(0.1):
+        pass
+
+
 def run_until_signalled(running: RunningServer, kind: str, on_stop: Callable[[], None] | None = None,
                         ready_detail: str = "", telemetry=None, drain_plan: Drain | None = None) -> int:
     """Print the ready line (what `specdec serve` and tests wait for), then block until SIGTERM/SIGINT.
@@ -139,12 +148,7 @@ def run_until_signalled(running: RunningServer, kind: str, on_stop: Callable[[],
     metrics = getattr(getattr(telemetry, "metrics", None), "address", "")
     print(f"specdec {kind} ready on {running.address}{ready_detail}" + (f"; metrics on {metrics}" if metrics else ""),
           flush=True)
-    # Waits in short slices: a process-wide SIGTERM may be delivered to any thread (gRPC's, torch's), and
-    # then only sets Python's pending flag; the main thread runs the handler when it next returns to
-    # bytecode, which an untimed wait would put off until something else woke it (make test once saw a
-    # target answer SERVING for 10 s after SIGTERM).
-    while not stop.wait(0.1):
-        pass
+    wait_for_signal(stop)
     if drain_plan is not None:
         drain(running, kind, drain_plan, interrupted)
     if on_stop is not None:
