@@ -9,7 +9,10 @@ pads them into one forward:
                                       columns L.., its tree ancestors and itself; padding rows see only
                                       themselves (no all -inf row, no NaN)
     positions [B, N]                  L_i + depth
-After the forward each sequence keeps its cache plus the columns of its root and accepted path.
+On specdec's lean walk (CPU) the forward computes each sequence's own rows only (ragged: no padding
+row costs a row's products), returned packed [sum rows, hidden]; elsewhere the padded forward's rows
+are packed after it. After the forward each sequence keeps its cache plus the columns of its root and
+accepted path.
 
 All or nothing: until the cache commit has finished, a failure rolls every cache and sampling
 generator back to where the step found them, so the step can be retried (alone, by
@@ -72,10 +75,8 @@ def verify_step(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree
               else s.generator.get_state() for s in seqs]
     try:
         ids, bias, positions = _pack(runner, seqs, trees, layouts, cache_lens, _causal_runs(runner, cache, layouts))
-        hidden = runner.forward_batch(ids, cache, bias, positions)  # [B, N, hidden]
         num_rows = [layout.num_rows for layout in layouts]
-        # flat [sum rows, hidden]: one sequence's rows as they are (no padding rows, no copy)
-        flat = hidden[0, :num_rows[0]] if len(seqs) == 1 else torch.cat([hidden[i, :n] for i, n in enumerate(num_rows)])
+        flat = runner.forward_rows(ids, cache, bias, positions, num_rows)  # [sum rows, hidden], no padding rows
         verdicts = _verdicts(runner, seqs, trees, layouts, runner.logits(flat), num_rows)
         if times is not None:
             times.forward_end = time.monotonic()
@@ -89,12 +90,12 @@ def verify_step(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree
                 seq.generator.set_state(state)
         raise
     verify_s = time.perf_counter() - start
-    features = runner.features(hidden)  # [B, N, F]: hidden itself unless a head reads fused layers
+    features = runner.features(flat)  # [sum rows, F]: flat itself unless a head reads fused layers
     results: list[StepResult | StepFailure] = []
-    for i, (seq, tree, layout, verdict) in enumerate(zip(seqs, trees, layouts, verdicts)):
+    starts = [sum(num_rows[:i]) for i in range(len(seqs))]
+    for seq, tree, layout, verdict, at, n in zip(seqs, trees, layouts, verdicts, starts, num_rows):
         try:  # past the cache commit nothing is retried: a failure here fails this sequence only
-            results.append(seq.commit_verified(tree, layout, verdict, hidden[i, :num_rows[i]], verify_s,
-                                               features[i, :num_rows[i]]))
+            results.append(seq.commit_verified(tree, layout, verdict, flat[at:at + n], verify_s, features[at:at + n]))
         except Exception as exc:  # noqa: BLE001
             log.exception("commit failed")
             seq.finish_reason = "error"
@@ -205,13 +206,13 @@ def decode_step(runner: ModelRunner, policy: SpeculationPolicy, pool: BatchCache
     """Draft, choose what to verify, verify, learn: one step of every entry, as prose.
     Returns (trees as verified, results, seconds spent drafting)."""
     trees, draft_s = propose_all(entries, plan_all(policy, entries, max_len), agree=parallel.broadcast_int)
-    keys = [e.key for e in entries]
+    keys, ragged = [e.key for e in entries], runner.ragged  # ragged: a tree's rows cost only its own sequence
     trees = policy.allocate(keys, trees, [is_sampled(t, e.seq.params.greedy) for t, e in zip(trees, entries)],
-                            agree=parallel.broadcast_int)
+                            agree=parallel.broadcast_int, ragged=ragged)
     start, probes = time.perf_counter(), runner.num_team_probes
     results = verify_each(runner, [e.seq for e in entries], trees, pool, fault)
     # a forward the thread team timed the slower way (specdec.kernels.team) says nothing of the step's cost
     timed = runner.num_team_probes == probes
     policy.record(keys, trees, [r if isinstance(r, StepResult) else None for r in results],
-                  time.perf_counter() - start, draft_s, timed=timed)
+                  time.perf_counter() - start, draft_s, timed=timed, ragged=ragged)
     return trees, results, draft_s

@@ -22,11 +22,13 @@ class FakeStep:
     depth: int
 
 
-def simulate(batch: int, alpha: float, cost, num_steps: int = 400, enabled: bool = True, seed: int = 0,
-             adaptive: bool = False) -> float:
+def simulate(batch: int, alpha: float | list[float], cost, num_steps: int = 400, enabled: bool = True, seed: int = 0,
+             adaptive: bool = False, ragged: bool = False) -> float:
     """Tokens per second of `batch` sequences drafting 8-token chains accepted token by token with
-    probability alpha; cost(rows) = seconds of a verify forward over that many padded rows."""
+    probability alpha (one for all, or one per sequence); cost(rows) = seconds of a verify forward over
+    that many rows: padded (batch x the largest tree) or, ragged, every sequence's own."""
     rng = random.Random(seed)
+    alphas = alpha if isinstance(alpha, list) else [alpha] * batch
     budget = SpeculationPolicy(PolicyConfig(adaptive=adaptive, load_aware=enabled))
     keys = [str(i) for i in range(batch)]
     for k in keys:
@@ -34,16 +36,16 @@ def simulate(batch: int, alpha: float, cost, num_steps: int = 400, enabled: bool
     tokens = seconds = 0.0
     for _ in range(num_steps):
         trees = [DraftTree.chain([1] * budget.plan(k, 8).depth) for k in keys]
-        trees = budget.allocate(keys, trees, [False] * batch)
+        trees = budget.allocate(keys, trees, [False] * batch, ragged=ragged)
         steps = []
-        for tree in trees:
+        for tree, p in zip(trees, alphas):
             accepted = 0
-            while accepted < tree.num_nodes and rng.random() < alpha:
+            while accepted < tree.num_nodes and rng.random() < p:
                 accepted += 1
             steps.append(FakeStep([0] * (accepted + 1), accepted, tree.num_nodes))
-        rows = batch * (1 + max(t.num_nodes for t in trees))
+        rows = sum(1 + t.num_nodes for t in trees) if ragged else batch * (1 + max(t.num_nodes for t in trees))
         step_s = cost(rows)
-        budget.record(keys, trees, steps, step_s)
+        budget.record(keys, trees, steps, step_s, ragged=ragged)
         tokens += sum(len(s.token_ids) for s in steps)
         seconds += step_s
     return tokens / seconds
@@ -69,10 +71,31 @@ def gpu_like(rows: int) -> float:
 @pytest.mark.parametrize("batch", [1, 2, 4, 8, 16, 32])
 @pytest.mark.parametrize("alpha", [0.1, 0.5, 0.8])
 @pytest.mark.parametrize("cost", [cpu_like, flat_cpu, gpu_like])
-def test_never_slower_than_plain(batch, alpha, cost):
+@pytest.mark.parametrize("ragged", [False, True], ids=["padded", "ragged"])
+def test_never_slower_than_plain(batch, alpha, cost, ragged):
     plain = batch / cost(batch)
-    spec = simulate(batch, alpha, cost)
+    spec = simulate(batch, alpha, cost, ragged=ragged)
     assert spec >= 0.97 * plain, (spec, plain)
+
+
+def test_ragged_budget_verifies_the_drafts_that_pass_where_padding_cannot_pay():
+    """16 sequences on compute-bound costs, 4 whose drafts nearly always pass and 12 whose drafts fail.
+    Padded, every node of the budget costs a row in all 16 sequences, so no budget pays: plain steps.
+    Ragged, a node costs one row: the four verify their chains whole, the twelve decode plainly."""
+    alphas = [0.95] * 4 + [0.1] * 12
+    plain = 16 / flat_cpu(16)
+    padded, ragged = (simulate(16, alphas, flat_cpu, ragged=r) for r in (False, True))
+    assert padded < 1.03 * plain and ragged > 1.06 * plain and ragged > 1.05 * padded, (plain, padded, ragged)
+    policy = SpeculationPolicy(PolicyConfig(max_depth=4, adaptive=False, budget=BudgetConfig(
+        costs=tuple((rows, flat_cpu(rows)) for rows in range(1, 80)), learn_costs=False)))
+    keys = [str(i) for i in range(16)]
+    for key in keys:
+        policy.add(key)
+    for _ in range(30):  # four sequences whose drafts have passed, twelve whose drafts have failed
+        for key in keys:
+            policy.observe(key, 4, 4 if key in keys[:4] else 0, None)
+    trees = policy.allocate(keys, [DraftTree.chain([1, 2, 3, 4])] * 16, [False] * 16, ragged=True)
+    assert [t.num_nodes for t in trees] == [4] * 4 + [0] * 12
 
 
 @pytest.mark.parametrize("alpha", [0.1, 0.5, 0.8])

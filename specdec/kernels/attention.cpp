@@ -62,7 +62,7 @@ template <typename T>
 AVX512 void unit_output(const Call<T>& c, const Unit& u, const float* acc, const float* sums) {
   for (int64_t p = 0; p < u.rows * u.heads; ++p) {
     const int64_t i = u.row0 + p / u.heads, h = u.g * c.group + u.head0 + p % u.heads;
-    store_normalized(c.output() + ((u.b * c.n + i) * c.H + h) * c.d, acc + p * c.d, sums[p], c.chunks);
+    store_normalized(c.output() + (c.out_row(u.b, i) * c.H + h) * c.d, acc + p * c.d, sums[p], c.chunks);
   }
 }
 
@@ -146,16 +146,17 @@ void attend_share(const specdec_parts::AttendArgs& a, int64_t part, int64_t part
   const bool amx = std::is_same<T, at::BFloat16>::value && a.d % 32 == 0 && c.group <= 16 &&
                    __builtin_cpu_supports("avx512bf16") && specdec_parts::amx_bf16_ready();
   const int64_t most_pairs = specdec_attention_units::row_unit_pairs(a.L);
+  const auto rows_of = [&a](int64_t b) { return a.rows_of(b); };
   std::vector<Unit> units;
   int64_t pairs = 0;
   bool shared_groups = false;
   if (!amx && c.group <= most_pairs) {
-    units = rows_share(a.B, a.kv_heads, a.n, c.group, part, parts, most_pairs);
+    units = rows_share(a.B, a.kv_heads, c.group, part, parts, most_pairs, rows_of);
     for (const Unit& u : units) pairs = std::max(pairs, u.rows * u.heads);
   } else {
     const Split split = split_work(a.B, a.kv_heads, a.n, c.group, parts,
                                    amx ? 16 : specdec_attention_units::MOST_PAIRS);
-    units = specdec_attention_units::split_units(split, a.B, a.kv_heads, a.n, c.group, part, parts);
+    units = specdec_attention_units::split_units(split, a.B, a.kv_heads, a.n, c.group, part, parts, rows_of);
     pairs = split.rows * split.heads;
     shared_groups = split.row_blocks * split.head_blocks > 1;
   }

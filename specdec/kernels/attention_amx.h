@@ -50,7 +50,7 @@ inline void amx_queries(const Call<at::BFloat16>& c, const Unit& u, uint32_t* qt
   const int64_t pairs = u.rows * u.heads;
   for (int64_t p = 0; p < pairs; ++p) {
     const int64_t i = u.row0 + p / u.heads, h = u.g * c.group + u.head0 + p % u.heads;
-    const at::BFloat16* qp = c.queries() + u.b * c.q_b + h * c.q_h + i * c.q_i;
+    const at::BFloat16* qp = c.queries() + c.q_at(u.b, h, i);
     for (int64_t e = 0; e < c.d / 2; ++e) std::memcpy(qt + e * pairs + p, qp + 2 * e, 4);
   }
 }

@@ -121,7 +121,7 @@ AVX2 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t str
   int64_t most = 0;
   for (int64_t p = 0; p < pairs; ++p) {
     const int64_t i = u.row0 + p / u.heads, h = u.g * c.group + u.head0 + p % u.heads;
-    const T* qp = c.queries() + u.b * c.q_b + h * c.q_h + i * c.q_i;
+    const T* qp = c.queries() + c.q_at(u.b, h, i);
     for (int64_t ch = 0; ch < chunks; ++ch) _mm256_storeu_ps(w.qf.data() + p * d + 8 * ch, load8(qp + 8 * ch));
     w.visible[p] = c.visible(i);
     _mm256_storeu_ps(w.top.data() + 8 * p, _mm256_set1_ps(NEG_INF));
@@ -231,7 +231,7 @@ AVX2 void unit_weigh(const Call<T>& c, const Unit& u, Scratch& w, int64_t stride
   }
   for (int64_t p = 0; p < pairs; ++p) {
     const int64_t i = u.row0 + p / u.heads, h = u.g * c.group + u.head0 + p % u.heads;
-    T* o = c.output() + ((u.b * c.n + i) * c.H + h) * d;
+    T* o = c.output() + (c.out_row(u.b, i) * c.H + h) * d;
     const __m256 norm = _mm256_set1_ps(w.sums[p] > 0.0f ? w.sums[p] : 1.0f);
     for (int64_t ch = 0; ch < chunks; ++ch) store8(o + 8 * ch, _mm256_div_ps(_mm256_loadu_ps(w.acc.data() + p * d + 8 * ch), norm));
   }
@@ -242,8 +242,8 @@ template <typename T>
 void attend_share(const specdec_parts::AttendArgs& a, int64_t part, int64_t parts) {
   const Call<T> c(a);
   const Split split = specdec_attention_units::split_work(a.B, a.kv_heads, a.n, c.group, parts);
-  const std::vector<Unit> units = specdec_attention_units::split_units(split, a.B, a.kv_heads, a.n, c.group, part,
-                                                                     parts);
+  const std::vector<Unit> units = specdec_attention_units::split_units(
+      split, a.B, a.kv_heads, a.n, c.group, part, parts, [&a](int64_t b) { return a.rows_of(b); });
   if (units.empty()) return;
   const int64_t stride = c.L + 16;
   Scratch w(split.rows * split.heads, stride, c.d);

@@ -92,7 +92,7 @@ AVX512 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t s
   int64_t most = 0;
   for (int64_t p = 0; p < pairs; ++p) {
     const int64_t i = u.row0 + p / u.heads, h = u.g * c.group + u.head0 + p % u.heads;
-    const T* qp = c.queries() + u.b * c.q_b + h * c.q_h + i * c.q_i;
+    const T* qp = c.queries() + c.q_at(u.b, h, i);
     if (!amx)
       for (int64_t ch = 0; ch < c.chunks; ++ch) _mm512_storeu_ps(w.qf.data() + p * d + 16 * ch, load16(qp + 16 * ch));
     w.visible[p] = c.visible(i);

@@ -65,9 +65,11 @@ inline Split split_work(int64_t B, int64_t kv_heads, int64_t n, int64_t group, i
 }
 
 // Part `part` of `parts` of split_work's units, as shared by count (a (b, g)'s units one after another,
-// so its keys stay in L2).
-inline std::vector<Unit> split_units(const Split& split, int64_t B, int64_t kv_heads, int64_t n, int64_t group,
-                                     int64_t part, int64_t parts) {
+// so its keys stay in L2). rows_of(b): sequence b's query rows (ragged calls: fewer than n); a unit is cut
+// to them, and dropped where none are left.
+template <typename RowsOf>
+std::vector<Unit> split_units(const Split& split, int64_t B, int64_t kv_heads, int64_t n, int64_t group, int64_t part,
+                              int64_t parts, RowsOf rows_of) {
   const int64_t per_group = split.row_blocks * split.head_blocks;
   int64_t begin, end;
   specdec_parts::share(B * kv_heads * per_group, part, parts, begin, end);
@@ -75,30 +77,39 @@ inline std::vector<Unit> split_units(const Split& split, int64_t B, int64_t kv_h
   for (int64_t item = begin; item < end; ++item) {
     const int64_t b = item / (kv_heads * per_group), g = (item / per_group) % kv_heads;
     const int64_t r = (item % per_group) / split.head_blocks, hb = item % split.head_blocks;
-    units.push_back(Unit{b, g, r * split.rows, std::min(split.rows, n - r * split.rows), hb * split.heads,
-                         std::min(split.heads, group - hb * split.heads)});
+    const int64_t rows = std::min(split.rows, std::min(n, rows_of(b)) - r * split.rows);
+    if (rows > 0)
+      units.push_back(Unit{b, g, r * split.rows, rows, hb * split.heads, std::min(split.heads, group - hb * split.heads)});
   }
   return units;
 }
 
 // Part `part` of `parts` of a call's units on the vector path, sharing out rows rather than uniform blocks:
-// the (sequence, kv group) pairs' query rows laid end to end (B * kv_heads * n of them), each part takes an
-// even contiguous run, and its run within one group is one unit with every head of the group (cut evenly
-// where it would pass most_pairs, which must be >= group). A group whose rows all fall to one part has its
-// keys read and transposed once, not once per uniform block (16 rows of SmolLM2 on 2 threads: 2 units a
-// thread instead of 3), and the parts' pair counts differ by at most one row's heads.
-inline std::vector<Unit> rows_share(int64_t B, int64_t kv_heads, int64_t n, int64_t group, int64_t part,
-                                    int64_t parts, int64_t most_pairs) {
-  const int64_t slots = B * kv_heads * n, last = slots * (part + 1) / parts;
+// the (sequence, kv group) pairs' query rows laid end to end (kv_heads * rows_of(b) for each sequence b:
+// a ragged call's sequences differ), each part takes an even contiguous run, and its run within one group
+// is one unit with every head of the group (cut evenly where it would pass most_pairs, which must be >=
+// group). A group whose rows all fall to one part has its keys read and transposed once, not once per
+// uniform block (16 rows of SmolLM2 on 2 threads: 2 units a thread instead of 3), and the parts' pair
+// counts differ by at most one row's heads.
+template <typename RowsOf>
+std::vector<Unit> rows_share(int64_t B, int64_t kv_heads, int64_t group, int64_t part, int64_t parts,
+                             int64_t most_pairs, RowsOf rows_of) {
+  int64_t slots = 0;
+  for (int64_t b = 0; b < B; ++b) slots += kv_heads * rows_of(b);
+  const int64_t first = slots * part / parts, last = slots * (part + 1) / parts;
   std::vector<Unit> units;
-  for (int64_t at = slots * part / parts; at < last;) {
-    const int64_t bg = at / n, row0 = at % n, rows = std::min(n - row0, last - at);
-    const int64_t pieces = (rows * group + most_pairs - 1) / most_pairs;
-    for (int64_t k = 0; k < pieces; ++k) {
-      const int64_t r0 = row0 + rows * k / pieces, r1 = row0 + rows * (k + 1) / pieces;
-      if (r1 > r0) units.push_back(Unit{bg / kv_heads, bg % kv_heads, r0, r1 - r0, 0, group});
+  int64_t group_start = 0;  // slot of (b, g)'s row 0
+  for (int64_t bg = 0; bg < B * kv_heads && group_start < last; ++bg) {
+    const int64_t n = rows_of(bg / kv_heads), lo = std::max(first, group_start), hi = std::min(last, group_start + n);
+    if (lo < hi) {
+      const int64_t row0 = lo - group_start, rows = hi - lo;
+      const int64_t pieces = (rows * group + most_pairs - 1) / most_pairs;
+      for (int64_t k = 0; k < pieces; ++k) {
+        const int64_t r0 = row0 + rows * k / pieces, r1 = row0 + rows * (k + 1) / pieces;
+        if (r1 > r0) units.push_back(Unit{bg / kv_heads, bg % kv_heads, r0, r1 - r0, 0, group});
+      }
     }
-    at += rows;
+    group_start += n;
   }
   return units;
 }

@@ -1,7 +1,7 @@
 // A Llama-family decoder stack in one C++ call per forward: the specdec kernels called back to back,
 // with no Python between them (transformers' walk costs ~25 tensor ops and module calls per layer).
 //
-// Per layer, over M = batch * n rows of hidden [M, H]:
+// Per layer, over M = batch * n rows of hidden [M, H] (ragged calls: each sequence's own rows, packed):
 //   RMSNorm -> q|k|v (one packed weight) -> rotary on q, k (k and v written into the static cache's
 //   store by index) -> attention (attention.cpp) -> o -> + residual -> RMSNorm -> gate|up (one packed
 //   weight) -> silu(gate) * up -> down -> + residual.
@@ -12,6 +12,7 @@
 #include <omp.h>
 #include <ATen/Parallel.h>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "layer_rows.h"
@@ -22,16 +23,16 @@ namespace {
 
 constexpr int64_t MAX_HEAD_DIM = 256;  // attention.cpp's limit too
 
-// Rows [begin, end) of qkv [B*n, width]: q heads from column 0 rotated in place; k heads (from k_col)
+// Rows [begin, end) of qkv [M, width]: q heads from column 0 rotated in place; k heads (from k_col)
 // rotated and, with the v heads (from v_col), written to keys / values [B, kv_heads, capacity, d] at column
-// start + i for row (b, i). cos / sin [B*n, d].
+// start + i for row m = (b, i) = (row_seq[m], row_col[m]). cos / sin [M, d].
 template <typename T>
-void rotate_rows(T* qkv, int64_t width, int64_t n, int64_t heads, int64_t kv_heads, int64_t d, int64_t k_col,
-                 int64_t v_col, const T* cd, const T* sd, T* kd, T* vd, int64_t capacity, int64_t start,
-                 int64_t begin, int64_t end) {
+void rotate_rows(T* qkv, int64_t width, const int64_t* row_seq, const int64_t* row_col, int64_t heads,
+                 int64_t kv_heads, int64_t d, int64_t k_col, int64_t v_col, const T* cd, const T* sd, T* kd, T* vd,
+                 int64_t capacity, int64_t start, int64_t begin, int64_t end) {
   const specdec_rows::Isa isa = specdec_rows::best_isa();
   for (int64_t m = begin; m < end; ++m) {
-    const int64_t b = m / n, i = m % n;
+    const int64_t b = row_seq[m], i = row_col[m];
     T* row = qkv + m * width;
     const T* c = cd + m * d;
     const T* s = sd + m * d;
@@ -92,27 +93,49 @@ class LeanStack {
   // columns [start, start + n); cos / sin [B, n, d]; mask: float32 additive [B|1, 1, n, start + n] or None
   // (causal). Returns [final-normed hidden [B, n, H], the hidden states after each layer in `keep`
   // (hidden_states indices: k = after k layers)]. threads: the team's size (1: this thread alone; 0: torch's).
+  // seq_rows (ragged; empty: n each): sequence b has seq_rows[b] <= n new rows, and hidden, cos / sin and
+  // the results hold only those, packed one sequence after another ([M, H], M their sum): a verify step
+  // whose trees differ in size computes no padding rows. Sequence b's row i is its column start + i, as
+  // when padded, so its results are bitwise the padded ones (the mask [B|1, 1, n, start + n], needed here,
+  // hides the columns of rows a sequence lacks).
   std::vector<torch::Tensor> forward(torch::Tensor hidden, torch::Tensor store, int64_t start, torch::Tensor cos,
                                      torch::Tensor sin, c10::optional<torch::Tensor> mask, std::vector<int64_t> keep,
-                                     int64_t threads) {
-    TORCH_CHECK(hidden.dim() == 3 && hidden.is_contiguous() && cos.is_contiguous() && sin.is_contiguous() &&
-                    store.dim() == 6 && inner_dense(store) && store.size(0) == (int64_t)layers_.size() &&
-                    store.size(2) == hidden.size(0) && start + hidden.size(1) <= store.size(4) &&
-                    store.scalar_type() == hidden.scalar_type() && cos.scalar_type() == hidden.scalar_type(),
-                "LeanStack.forward: hidden [B, n, H], store [layers, 2, B, kv_heads, capacity, d] with room");
-    const int64_t B = hidden.size(0), n = hidden.size(1), M = B * n, end = start + n, num_layers = layers_.size();
+                                     int64_t threads, std::vector<int64_t> seq_rows) {
+    const bool ragged = !seq_rows.empty();
+    TORCH_CHECK(hidden.dim() == (ragged ? 2 : 3) && hidden.is_contiguous() && cos.is_contiguous() &&
+                    sin.is_contiguous() && store.dim() == 6 && inner_dense(store) &&
+                    store.size(0) == (int64_t)layers_.size() && store.scalar_type() == hidden.scalar_type() &&
+                    cos.scalar_type() == hidden.scalar_type(),
+                "LeanStack.forward: hidden [B, n, H] (ragged: [M, H]), store [layers, 2, B, kv_heads, capacity, d]");
+    const int64_t B = ragged ? static_cast<int64_t>(seq_rows.size()) : hidden.size(0);
+    int64_t n = ragged ? 0 : hidden.size(1), M = ragged ? 0 : B * n;
+    for (int64_t rows : seq_rows) {
+      TORCH_CHECK(rows >= 1, "LeanStack.forward: every sequence has at least one row");
+      n = std::max(n, rows), M += rows;
+    }
+    TORCH_CHECK(store.size(2) == B && start + n <= store.size(4) && hidden.size(ragged ? 0 : 1) == (ragged ? M : n) &&
+                    cos.numel() == M * d_,
+                "LeanStack.forward: the store holds B sequences with room for n more columns; cos / sin a row each");
+    TORCH_CHECK(!ragged || (mask.has_value() && mask->defined()), "LeanStack.forward: ragged rows need a mask");
+    const int64_t end = start + n, num_layers = layers_.size();
     const auto opts = hidden.options();
     Plan p{hidden.scalar_type() == at::kBFloat16, B, n, start, store.size(4)};
+    for (int64_t b = 0, m = 0; b < B; ++b) {
+      const int64_t rows = ragged ? seq_rows[b] : n;
+      p.seq_start.push_back(m);
+      for (int64_t i = 0; i < rows; ++i, ++m) p.row_seq.push_back(b), p.row_col.push_back(i);
+    }
+    p.seq_rows = ragged ? seq_rows : std::vector<int64_t>(B, n);
     p.xs = torch::empty({num_layers, M, hidden_}, opts);  // the residual stream after each layer
     p.h = torch::empty({M, hidden_}, opts);
     p.normed = torch::empty({M, hidden_}, opts);
     p.qkv = torch::empty({M, layers_[0].qkv.size(0) * 32}, opts);
-    p.attn = torch::empty({B, n, heads_, d_}, opts);
+    p.attn = torch::empty({M, heads_, d_}, opts);
     p.gate_up = torch::empty({M, layers_[0].gate_up.size(0) * 32}, opts);
     p.act = torch::empty({M, inter_}, opts);
     p.gate = p.gate_up.narrow(1, 0, inter_);
     p.up = p.gate_up.narrow(1, up_col_, inter_);
-    p.out = torch::empty({B, n, hidden_}, opts);
+    p.out = ragged ? torch::empty({M, hidden_}, opts) : torch::empty({B, n, hidden_}, opts);
     p.hidden = hidden;
     p.store = store;
     p.cos = cos;
@@ -122,6 +145,7 @@ class LeanStack {
               n * width, d_, width, store.stride(2), store.stride(3), store.stride(4), store.stride(2), store.stride(3),
               store.stride(4),
               0, 0, 0, B, heads_, n, d_, kv_heads_, end, static_cast<float>(scale_)};
+    if (ragged) p.args.seq_rows = p.seq_rows.data(), p.args.seq_start = p.seq_start.data();
     torch::Tensor m;
     if (mask.has_value() && mask->defined()) {
       m = *mask;
@@ -142,7 +166,8 @@ class LeanStack {
     }
     std::vector<torch::Tensor> out{p.out};
     for (int64_t k : keep)
-      out.push_back(k >= 1 && k <= num_layers ? p.xs.select(0, k - 1).view({B, n, hidden_}) : torch::Tensor());
+      out.push_back(k < 1 || k > num_layers ? torch::Tensor()
+                    : ragged ? p.xs.select(0, k - 1) : p.xs.select(0, k - 1).view({B, n, hidden_}));
     return out;
   }
 
@@ -151,6 +176,7 @@ class LeanStack {
   struct Plan {
     bool bf16;
     int64_t B, n, start, capacity;
+    std::vector<int64_t> seq_rows, seq_start, row_seq, row_col;  // per sequence; per row: (b, i)
     torch::Tensor hidden, store, cos, sin, xs, h, normed, qkv, attn, gate_up, act, gate, up, out;
     specdec_parts::AttendArgs args;
     specdec_team::Barrier barrier;
@@ -169,11 +195,24 @@ class LeanStack {
     act.mul_(p.up.narrow(0, begin, end - begin));
   }
 
+  // Zeros in the store's columns start + i of a ragged call's rows i that sequence b lacks: its mask hides
+  // them, but a hidden key still enters the products as a value times 0, and memory never written (a store
+  // grown by doubling) may hold a NaN's bits. A padded call writes them from its padding rows.
+  void clear_missing(const Plan& p, char* keys, char* values, int64_t elem) const {
+    for (int64_t b = 0; b < p.B; ++b)
+      for (int64_t g = 0; g < kv_heads_; ++g) {
+        const int64_t slot = ((b * kv_heads_ + g) * p.capacity + p.start + p.seq_rows[b]) * d_ * elem;
+        const int64_t bytes = (p.n - p.seq_rows[b]) * d_ * elem;
+        std::memset(keys + slot, 0, bytes);
+        std::memset(values + slot, 0, bytes);
+      }
+  }
+
   // Part `part` of `parts` of every layer. Products and attention are split between the parts, norms,
   // residual adds, rotary and silu * up by rows. A barrier wherever a step reads what other parts wrote.
   void run(Plan& p, int64_t part, int64_t parts) {
     using namespace specdec_parts;
-    const int64_t M = p.B * p.n, elem = p.bf16 ? 2 : 4;
+    const int64_t M = static_cast<int64_t>(p.row_seq.size()), elem = p.bf16 ? 2 : 4;
     const int64_t width = p.qkv.size(1), wgu = p.gate_up.size(1);
     int64_t row0, row1;
     share(M, part, parts, row0, row1);
@@ -194,14 +233,16 @@ class LeanStack {
       rowgemm_prefetch_part(p.bf16, w.o.data_ptr(), heads_ * d_, w.o.size(0), part, parts);  // warm the next product
       p.barrier.wait();
       if (p.bf16)
-        rotate_rows<at::BFloat16>(p.qkv.data_ptr<at::BFloat16>(), width, p.n, heads_, kv_heads_, d_, k_col_, v_col_,
-                                  p.cos.data_ptr<at::BFloat16>(), p.sin.data_ptr<at::BFloat16>(),
-                                  reinterpret_cast<at::BFloat16*>(keys), reinterpret_cast<at::BFloat16*>(values),
-                                  p.capacity, p.start, row0, row1);
+        rotate_rows<at::BFloat16>(p.qkv.data_ptr<at::BFloat16>(), width, p.row_seq.data(), p.row_col.data(), heads_,
+                                  kv_heads_, d_, k_col_, v_col_, p.cos.data_ptr<at::BFloat16>(),
+                                  p.sin.data_ptr<at::BFloat16>(), reinterpret_cast<at::BFloat16*>(keys),
+                                  reinterpret_cast<at::BFloat16*>(values), p.capacity, p.start, row0, row1);
       else
-        rotate_rows<float>(p.qkv.data_ptr<float>(), width, p.n, heads_, kv_heads_, d_, k_col_, v_col_,
-                           p.cos.data_ptr<float>(), p.sin.data_ptr<float>(), reinterpret_cast<float*>(keys),
-                           reinterpret_cast<float*>(values), p.capacity, p.start, row0, row1);
+        rotate_rows<float>(p.qkv.data_ptr<float>(), width, p.row_seq.data(), p.row_col.data(), heads_, kv_heads_,
+                           d_, k_col_, v_col_, p.cos.data_ptr<float>(), p.sin.data_ptr<float>(),
+                           reinterpret_cast<float*>(keys), reinterpret_cast<float*>(values), p.capacity, p.start, row0,
+                           row1);
+      if (part == parts - 1) clear_missing(p, keys, values, elem);
       args.k = keys;
       args.v = values;
       p.barrier.wait();

@@ -101,25 +101,36 @@ class LeanForward:
                 and num_rows <= attention.MAX_ROWS)
 
     def __call__(self, input_ids: torch.Tensor, cache: StaticKVCache, attn_bias: torch.Tensor | None,
-                 positions: torch.Tensor | None, keep: tuple[int, ...]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+                 positions: torch.Tensor | None, keep: tuple[int, ...], seq_rows: list[int] | None = None
+                 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """input_ids [B, n]; attn_bias [B|1, 1, n, cached + n] additive or None (causal); positions [B|1, n]
-        or None (the cache's end onwards) -> (hidden [B, n, H] after the final norm, {k: hidden after k layers})."""
+        or None (the cache's end onwards) -> (hidden [B, n, H] after the final norm, {k: hidden after k layers}).
+        seq_rows (ragged): sequence b's first seq_rows[b] rows are all it has (a mask is needed); the rest
+        are never computed, and the results hold the sequences' rows packed, [sum seq_rows, H]."""
         batch, n = input_ids.shape
-        embeds = self.decoder.embed_tokens(input_ids)  # [B, n, H]
+        flat = None
+        if seq_rows is not None:  # [M] indices of the rows that exist in the padded [B * n]
+            flat = torch.cat([torch.arange(b * n, b * n + rows) for b, rows in enumerate(seq_rows)]).to(input_ids.device)
+        embeds = self.decoder.embed_tokens(input_ids if flat is None else input_ids.reshape(-1)[flat])  # [B, n | M, H]
         if cache.store is None:
             cache.allocate(embeds.new_empty(batch, self.num_kv_heads, n, self.head_dim))
         start = cache.reserve(n)
         if positions is None:
             positions = torch.arange(start, start + n, device=input_ids.device).unsqueeze(0)
-        cos, sin = self.decoder.rotary_emb(embeds, positions)  # [B|1, n, d] in the model's dtype
-        cos, sin = cos.expand(batch, n, -1).contiguous(), sin.expand(batch, n, -1).contiguous()
+        if flat is not None:
+            positions = positions.expand(batch, n).reshape(1, -1)[:, flat]  # [1, M]
+        cos, sin = self.decoder.rotary_emb(embeds, positions)  # [B|1, n | M, d] in the model's dtype
+        if flat is None:
+            cos, sin = cos.expand(batch, n, -1).contiguous(), sin.expand(batch, n, -1).contiguous()
+        else:
+            cos, sin = cos[0].contiguous(), sin[0].contiguous()
         mask = None
         if attn_bias is not None:
             mask = attn_bias[..., :start + n].to(torch.float32).expand(batch, 1, n, start + n)
-        num_rows = batch * n
+        num_rows = batch * n if flat is None else len(flat)
         threads = self.team.threads(num_rows, torch.get_num_threads())
         began = time.perf_counter()
-        out = self.stack.forward(embeds, cache.store, start, cos, sin, mask, list(keep), threads)
+        out = self.stack.forward(embeds, cache.store, start, cos, sin, mask, list(keep), threads, list(seq_rows or ()))
         self.team.record(num_rows, threads, time.perf_counter() - began)
         cache.length = start + n  # every layer has written: the entries are in
         return out[0], dict(zip(keep, out[1:]))

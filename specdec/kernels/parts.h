@@ -37,6 +37,17 @@ struct AttendArgs {
   int64_t q_b, q_h, q_i, k_b, k_g, k_row, v_b, v_g, v_row, m_b, m_i, m_j;
   int64_t B, H, n, d, kv_heads, L;
   float scale;
+  // Ragged rows (null: every sequence has n): sequence b has seq_rows[b] <= n query rows, packed one
+  // sequence after another from row seq_start[b] of q (q_b unused) and of out ([rows, H, d]); the mask
+  // stays [B|1, 1, n, L] and must be given. Rows past a sequence's count are not computed at all.
+  const int64_t* seq_rows = nullptr;
+  const int64_t* seq_start = nullptr;
+
+  int64_t rows_of(int64_t b) const { return seq_rows != nullptr ? seq_rows[b] : n; }
+  int64_t q_at(int64_t b, int64_t h, int64_t i) const {  // element offset of query row i of head h of sequence b
+    return (seq_start != nullptr ? seq_start[b] * q_i : b * q_b) + h * q_h + i * q_i;
+  }
+  int64_t out_row(int64_t b, int64_t i) const { return seq_start != nullptr ? seq_start[b] + i : b * n + i; }
 };
 void attend_part(bool bf16, const AttendArgs& a, int64_t part, int64_t parts);  // AVX-512 where the CPU has it
 void attend_part_avx2(bool bf16, const AttendArgs& a, int64_t part, int64_t parts);  // attention_avx2.cpp

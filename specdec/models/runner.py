@@ -134,8 +134,8 @@ class ModelRunner:
         or with captured layers their states fused, [n, F] or [B, N, F] (F = len(layers) * H)."""
         if not self.feature_layers:
             return hidden
-        fused = torch.cat([self.captured[k] for k in self.feature_layers], dim=-1)  # [B, N, F]
-        return fused[0] if hidden.dim() == 2 else fused
+        fused = torch.cat([self.captured[k] for k in self.feature_layers], dim=-1)  # [B, N, F] or packed [n, F]
+        return fused[0] if hidden.dim() == 2 and fused.dim() == 3 else fused
 
     def new_cache(self, capacity: int | None = None) -> DynamicCache | StaticKVCache:
         """An empty cache. capacity: the most entries it will hold (a static cache preallocates that
@@ -171,6 +171,31 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.active and not self.feature_layers:  # replays skip the hooks
             return self.graphs.forward_batch(input_ids, cache, attn_bias, positions)
         return self.eager_forward_batch(input_ids, cache, attn_bias, positions)
+
+    def forward_rows(self, input_ids: torch.Tensor, cache: DynamicCache, attn_bias: torch.Tensor | None,
+                     positions: torch.Tensor, seq_rows: list[int]) -> torch.Tensor:
+        """A padded batch whose sequence b has only its first seq_rows[b] rows: input_ids [B, N], attn_bias
+        [B, 1, N, cached + N], positions [B, N] -> hidden [sum seq_rows, H], the sequences' rows packed (and
+        captured layers the same way). The lean walk computes no padding rows (ragged), so a verify step
+        costs its real rows; any other walk runs the padded forward and drops them."""
+        batch, n = input_ids.shape
+        if (self.ragged and batch > 1 and attn_bias is not None and min(seq_rows) < n
+                and self.lean.runs(cache, n)):
+            hidden, captured = self.lean(input_ids, cache, attn_bias, positions, self.feature_layers, seq_rows)
+            self.captured.update(captured)
+            return hidden
+        hidden = self.forward_batch(input_ids, cache, attn_bias, positions)
+        if batch == 1:
+            return hidden[0, :seq_rows[0]]
+        for k in self.feature_layers:
+            self.captured[k] = torch.cat([self.captured[k][b, :rows] for b, rows in enumerate(seq_rows)])
+        return torch.cat([hidden[b, :rows] for b, rows in enumerate(seq_rows)])
+
+    @property
+    def ragged(self) -> bool:
+        """Whether a batch's verify forward computes each sequence's own rows only (forward_rows on the
+        lean walk), so its cost follows the sum of the trees' sizes rather than the batch times the largest."""
+        return self.lean is not None and not (self.graphs is not None and self.graphs.active)
 
     def eager_forward_batch(self, input_ids: torch.Tensor, cache: DynamicCache, attn_bias: torch.Tensor | None,
                             positions: torch.Tensor | None) -> torch.Tensor:

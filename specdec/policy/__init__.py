@@ -125,9 +125,11 @@ class SpeculationPolicy:
         depth = max(0, min(depth, self.depth_config.max_depth, limit))
         return DraftBudget(depth, None if nodes >= NO_CAP else nodes)
 
-    def allocate(self, keys: list[str], trees: list[DraftTree], sampled: list[bool], agree=None) -> list[DraftTree]:
+    def allocate(self, keys: list[str], trees: list[DraftTree], sampled: list[bool], agree=None,
+                 ragged: bool = False) -> list[DraftTree]:
         """The trees one forward verifies. sampled[i]: trees[i] was drawn at random (q given and the
-        sequence samples): cut only to its planned prefix. Others: cut to the batch's best R.
+        sequence samples): cut only to its planned prefix. Others: cut to the batch's best R, or with
+        `ragged` (the forward computes each sequence's own rows) to the batch's most likely nodes.
         agree(count): where every tensor-parallel rank cuts its own copy (the engine under --tp), rank
         0's node count for all: counts follow each rank's timings, the order they cut in does not."""
         agree = agree or (lambda count: count)
@@ -140,17 +142,25 @@ class SpeculationPolicy:
         if not self.batch.config.enabled or self.batch.alone:
             return [t if s else self._own_cut(k, t, agree) for k, t, s in zip(keys, out, sampled)]
         orders = [node_order(t, self.alpha(k), self.scale(k)) for k, t in zip(keys, out)]
-        best = agree(self.batch.choose([[p for _, p in order] for order in orders], len(out)))
-        return [t if s else keep_nodes(t, [i for i, _ in order[:best]])
-                for t, s, order in zip(out, sampled, orders)]
+        likely = [[p for _, p in order] for order in orders]
+        if ragged:
+            counts = [agree(c) for c in self.batch.choose_each(likely, len(out))]
+        else:
+            counts = [agree(self.batch.choose(likely, len(out)))] * len(out)
+        return [t if s else keep_nodes(t, [i for i, _ in order[:count]])
+                for t, s, order, count in zip(out, sampled, orders, counts)]
 
     def record(self, keys: list[str], trees: list[DraftTree], steps: list, verify_s: float,
-               draft_s: float = 0.0, wait_s: float = 0.0, timed: bool = True) -> None:
+               draft_s: float = 0.0, wait_s: float = 0.0, timed: bool = True, ragged: bool = False) -> None:
         """One forward's outcome: trees as verified, each sequence's StepResult (None: it failed).
         draft_s: drafting on this thread before it; wait_s: the step's wait for drafts made elsewhere.
         timed False: the forward was run slower than its size costs (a thread-team probe): what was
-        accepted is learnt, its seconds are not."""
-        rows = len(trees) * (1 + max((t.num_nodes for t in trees), default=0))
+        accepted is learnt, its seconds are not. ragged: the forward computed each sequence's own rows
+        (its cost is counted by their sum), else the batch padded to its largest tree."""
+        if ragged:
+            rows = sum(1 + t.num_nodes for t in trees)
+        else:
+            rows = len(trees) * (1 + max((t.num_nodes for t in trees), default=0))
         # A verified draft's step costs what was spent getting it too: with the forward nearly flat in its
         # rows, that time (drafts over gRPC, drafting between forwards) is what decides whether drafting pays.
         step_s = verify_s + (draft_s + wait_s if rows > len(trees) else 0.0)

@@ -16,6 +16,11 @@ costs and measured acceptance, how many nodes per sequence to verify:
     P_i(node)           P_i(parent) * alpha_i * (1 - alpha_i)^rank   (rank among its siblings)
     choice              R maximising gain / cost, and R = 0 unless that beats R = 0 by min_gain
 
+Where the forward computes each sequence's own rows only (ragged: specdec's lean walk on a CPU), a
+step costs t(B, B + k) for k nodes in all, wherever they are, so `choose_each` keeps the k most likely
+nodes of all the trees together instead: a sequence whose draft is nearly certain verifies it whole
+while the others decode plainly, where a uniform R would pay its rows for every sequence.
+
 Costs above the measured row counts are unknown, so every `probe_interval` steps one step verifies
 `probe_tokens` more per sequence (one in batches of 4 or more) and measures it; a probe whose expected
 tokens over its measured seconds did not beat the choice's expected rate doubles the interval, so under load probing costs well under a percent.
@@ -156,6 +161,44 @@ class BatchBudget:
             self.probe_gain = batch + sum(sum(order[:best_r]) for order in orders)
         self.last_budget = NO_CAP if best_r >= max_nodes else best_r
         return best_r
+
+    def choose_each(self, orders: list[list[float]], batch: int) -> list[int]:
+        """Nodes to verify of each tree when the forward computes each sequence's own rows (ragged,
+        specdec.models.runner.forward_rows): its cost follows the rows in all, batch + k, so the k most
+        likely nodes of all the trees together are worth more than R of every tree. k maximises
+        (batch + their P) / t(batch, batch + k); orders as choose's. A tree's share is a prefix of its
+        order (ties go to the earlier tree, then the earlier node)."""
+        ranked = sorted((-p, tree, j) for tree, order in enumerate(orders) for j, p in enumerate(order))
+        self.probe_expected = None
+        if not self.config.enabled or not ranked:
+            return [len(order) for order in orders]
+        self.num_choices += 1
+        gains = [float(batch)]
+        for p, _, _ in ranked:
+            gains.append(gains[-1] - p)
+        best_k, best_rate, plain_rate = 0, None, None
+        for k, gain in enumerate(gains):
+            cost = self.estimate(batch, batch + k)
+            if cost is None or cost <= 0:
+                continue
+            rate = gain / cost
+            plain_rate = rate if k == 0 else plain_rate
+            if best_rate is None or rate > best_rate:
+                best_k, best_rate = k, rate
+        if plain_rate is not None and best_rate < self.config.min_gain * plain_rate:
+            best_k, best_rate = 0, plain_rate
+        probe = batch * (self.config.probe_tokens if batch < 4 else 1)  # the rows a padded probe adds
+        if not self.costs.means:  # nothing measured yet: a short first draft measures a speculative step
+            best_k = min(probe, len(ranked))
+        elif self.steps_since_probe + 1 >= self.probe_interval and best_k < len(ranked):
+            self.probe_expected = best_rate or 0.0
+            best_k = min(best_k + probe, len(ranked))
+            self.probe_gain = gains[best_k]
+        counts = [0] * len(orders)
+        for _, tree, _ in ranked[:best_k]:
+            counts[tree] += 1
+        self.last_budget = NO_CAP if best_k >= len(ranked) else max(counts)
+        return counts
 
     def estimate(self, batch: int, num_rows: int) -> float | None:
         """Seconds of a forward over `num_rows` padded rows of `batch` sequences: the batch size's own

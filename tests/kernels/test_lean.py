@@ -171,3 +171,33 @@ def test_steps_whose_forward_the_team_probed_are_not_timed(tiny_target, monkeypa
     probes = [count for _, count in flags]  # the team's probe count after each step
     assert untimed[1:] == [now > then for then, now in zip(probes, probes[1:])]  # exactly where it moved
     assert sum(untimed) >= 2  # the warm-up ran one-row forwards alone
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ragged_rows_are_the_padded_forwards_rows_bitwise(tiny_target, dtype, num_threads):
+    """forward_rows computes each sequence's own rows only (trees of 1, 4 and 2 nodes in a 4-row batch):
+    they are bitwise the padded forward's. The columns of rows a sequence lacks get zeros, not what the
+    store held: here NaN, which a hidden key would still carry into the products (NaN x 0)."""
+    lean, _ = runners(tiny_target, dtype)
+    prompts = torch.tensor([[3, 1, 4, 1, 5], [9, 2, 6, 5, 3], [5, 8, 9, 7, 9]])
+    ids, seq_rows = torch.tensor([[7, 0, 0, 0], [1, 2, 5, 6], [4, 3, 0, 0]]), [1, 4, 2]
+    causal = torch.zeros(3, 1, 5, 5, dtype=dtype).masked_fill(torch.ones(5, 5, dtype=torch.bool).triu(1),
+                                                              torch.finfo(dtype).min)
+    bias = torch.zeros(3, 1, 4, 9, dtype=dtype)
+    bias[:, 0, :, 5:] = torch.full((4, 4), torch.finfo(dtype).min, dtype=dtype).triu(1)  # chains
+    positions = (5 + torch.arange(4)).expand(3, 4)
+    rows = []
+    for ragged in (False, True):
+        cache = lean.new_cache(16)
+        lean.forward_batch(prompts, cache, causal, torch.arange(5).expand(3, 5))
+        with torch.inference_mode():
+            cache.store[..., 5:, :] = float("nan")
+        if ragged:
+            rows.append(lean.forward_rows(ids, cache, bias, positions, seq_rows))
+        else:
+            padded = lean.forward_batch(ids, cache, bias, positions)
+            rows.append(torch.cat([padded[b, :n] for b, n in enumerate(seq_rows)]))
+    assert rows[1].shape == (7, 64) and torch.equal(rows[0], rows[1])
+    assert torch.all(cache.store[:, :, 0, :, 6:9] == 0) and torch.all(cache.store[:, :, 2, :, 7:9] == 0)
+    assert not torch.isnan(cache.store[..., :9, :]).any()
