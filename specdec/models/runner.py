@@ -50,6 +50,9 @@ class RunnerConfig:
     # With specdec's kernels, walk a Llama-family decoder in one C++ call (specdec.kernels.lean) rather
     # than through transformers' modules; False keeps transformers' walk (same bits, slower).
     lean_forward: bool = True
+    # On the lean walk, a batch's verify forward computes each sequence's own rows (forward_rows) rather
+    # than the batch padded to its largest tree; False pads (same bits; for comparing the two).
+    ragged: bool = True
     # Keys and values of prompt openings kept across requests, up to this many MiB (specdec.models.prefix_cache);
     # 0 = off. A target's sequences use it (Engine, target worker); a draft model's runner leaves it off.
     prefix_cache_mb: int = 0
@@ -195,7 +198,8 @@ class ModelRunner:
     def ragged(self) -> bool:
         """Whether a batch's verify forward computes each sequence's own rows only (forward_rows on the
         lean walk), so its cost follows the sum of the trees' sizes rather than the batch times the largest."""
-        return self.lean is not None and not (self.graphs is not None and self.graphs.active)
+        return (self.run_config.ragged and self.lean is not None
+                and not (self.graphs is not None and self.graphs.active))
 
     def eager_forward_batch(self, input_ids: torch.Tensor, cache: DynamicCache, attn_bias: torch.Tensor | None,
                             positions: torch.Tensor | None) -> torch.Tensor:
