@@ -98,6 +98,30 @@ def test_ragged_budget_verifies_the_drafts_that_pass_where_padding_cannot_pay():
     assert [t.num_nodes for t in trees] == [4] * 4 + [0] * 12
 
 
+def test_ragged_budget_still_verifies_a_poor_drafter_now_and_then():
+    """Ragged, the sequences whose drafts failed get no nodes while better ones exist, so their acceptance
+    could never move again; one that has had none verified for explore_interval (32) steps gets a node."""
+    rng = random.Random(0)
+    policy = SpeculationPolicy(PolicyConfig(max_depth=4, adaptive=False))
+    keys = [str(i) for i in range(16)]
+    for key in keys:
+        policy.add(key)
+    verified = [0] * 16  # steps in which each sequence had a node verified
+    for _ in range(600):
+        trees = [DraftTree.chain([1] * policy.plan(k, 4).depth) for k in keys]
+        trees = policy.allocate(keys, trees, [False] * 16, ragged=True)
+        steps = []
+        for i, tree in enumerate(trees):
+            accepted = 0
+            while accepted < tree.num_nodes and rng.random() < (0.95 if i < 4 else 0.1):
+                accepted += 1
+            steps.append(FakeStep([0] * (accepted + 1), accepted, tree.num_nodes))
+            verified[i] += tree.num_nodes > 0
+        policy.record(keys, trees, steps, flat_cpu(sum(1 + t.num_nodes for t in trees)), ragged=True)
+    assert min(verified[:4]) > 300  # the good drafters verify most steps...
+    assert 3 <= min(verified[4:]) and max(verified[4:]) < 60, verified  # ...the poor ones now and then
+
+
 @pytest.mark.parametrize("alpha", [0.1, 0.5, 0.8])
 @pytest.mark.parametrize("cost", [cpu_like, flat_cpu, gpu_like])
 def test_a_lone_adaptive_sequence_decides_its_own_depth_and_never_loses(alpha, cost):
@@ -352,3 +376,23 @@ def test_costs_are_kept_per_batch_size():
     assert budget.estimate(2, 8) == pytest.approx(budget.costs.estimate(8))  # never measured: all batches
     # above batch 8's only count: its 8-row cost times the all-batch table's 16 / 8 ratio
     assert budget.estimate(8, 16) == pytest.approx(0.014 * budget.costs.estimate(16) / budget.costs.estimate(8))
+
+
+def test_an_unverified_sequences_acceptance_regains_the_prior():
+    """Ragged, a sequence with no node verified this step keeps 0.95 of its evidence and takes the rest
+    from the worker's prior: an early run of rejections fades instead of ranking it last for good."""
+    policy = SpeculationPolicy(PolicyConfig(max_depth=4, adaptive=False))
+    for key in "abc":
+        policy.add(key)
+    for _ in range(20):  # "a" rejected at once every step; "b" and "c" accept everything
+        policy.observe("a", 4, 0, None)
+        for key in "bc":
+            policy.observe(key, 4, 4, None)
+    low = policy.alpha("a")
+    steps = [FakeStep([0], 0, 0), FakeStep([0] * 5, 4, 4), FakeStep([0] * 5, 4, 4)]
+    trees = [DraftTree.empty(), DraftTree.chain([1, 2, 3, 4]), DraftTree.chain([1, 2, 3, 4])]
+    policy.record(list("abc"), trees, steps, 0.02, ragged=True)
+    assert low < policy.alpha("a") < policy.pool.alpha  # toward the prior, not there at once
+    before = policy.alpha("a")
+    policy.record(list("abc"), trees, steps, 0.02)  # padded: every tree gets R, nothing to regain
+    assert policy.alpha("a") == before

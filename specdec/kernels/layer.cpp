@@ -196,8 +196,9 @@ class LeanStack {
   }
 
   // Zeros in the store's columns start + i of a ragged call's rows i that sequence b lacks: its mask hides
-  // them, but a hidden key still enters the products as a value times 0, and memory never written (a store
-  // grown by doubling) may hold a NaN's bits. A padded call writes them from its padding rows.
+  // them, but a hidden key still enters the products as a value times 0, and a batch's restacked store
+  // leaves its columns past the longest sequence unwritten (specdec/batch_cache.py: a padded call writes them
+  // from its padding rows before anything reads them), so they may hold a NaN's bits.
   void clear_missing(const Plan& p, char* keys, char* values, int64_t elem) const {
     for (int64_t b = 0; b < p.B; ++b)
       for (int64_t g = 0; g < kv_heads_; ++g) {

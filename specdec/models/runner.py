@@ -175,6 +175,7 @@ class ModelRunner:
             return self.graphs.forward_batch(input_ids, cache, attn_bias, positions)
         return self.eager_forward_batch(input_ids, cache, attn_bias, positions)
 
+    @torch.inference_mode()
     def forward_rows(self, input_ids: torch.Tensor, cache: DynamicCache, attn_bias: torch.Tensor | None,
                      positions: torch.Tensor, seq_rows: list[int]) -> torch.Tensor:
         """A padded batch whose sequence b has only its first seq_rows[b] rows: input_ids [B, N], attn_bias
@@ -198,7 +199,7 @@ class ModelRunner:
     def ragged(self) -> bool:
         """Whether a batch's verify forward computes each sequence's own rows only (forward_rows on the
         lean walk), so its cost follows the sum of the trees' sizes rather than the batch times the largest."""
-        return (self.run_config.ragged and self.lean is not None
+        return (self.run_config.ragged and self.lean is not None and self.run_config.kv_cache == "static"
                 and not (self.graphs is not None and self.graphs.active))
 
     def eager_forward_batch(self, input_ids: torch.Tensor, cache: DynamicCache, attn_bias: torch.Tensor | None,

@@ -62,6 +62,7 @@ class SpeculationPolicy:
         self.batch = BatchBudget(config.budget or BudgetConfig(enabled=config.load_aware))
         self.seqs: dict[str, DepthController] = {}
         self.planned: dict[str, int] = {}  # key -> node budget fixed before its pending draft was drafted
+        self.idle: dict[str, int] = {}  # key -> steps since a draft node of it was verified (ragged exploring)
         self.pool = Acceptance()  # worker-wide acceptance: the prior of new sequences
         self.learned: DepthController | None = None  # the last finished sequence's: new ones start from its costs
 
@@ -74,6 +75,7 @@ class SpeculationPolicy:
     def remove(self, key: str) -> None:
         seq = self.seqs.pop(key, None)
         self.planned.pop(key, None)
+        self.idle.pop(key, None)
         if seq is not None and seq.t_plain is not None:
             self.learned = seq
 
@@ -112,6 +114,10 @@ class SpeculationPolicy:
         scored: the drafter scores its own nodes, so it drafts the whole depth and the nodes worth
         verifying are chosen after drafting (allocate)."""
         nodes = self.announce(key)
+        if nodes == 0 and self._explore_due(key):  # ragged: a node for a sequence unverified for long
+            nodes = 1
+            if key in self.seqs:
+                self.planned[key] = nodes
         if cap is not None and cap < nodes:
             nodes = cap
             if key in self.seqs:
@@ -129,7 +135,9 @@ class SpeculationPolicy:
                  ragged: bool = False) -> list[DraftTree]:
         """The trees one forward verifies. sampled[i]: trees[i] was drawn at random (q given and the
         sequence samples): cut only to its planned prefix. Others: cut to the batch's best R, or with
-        `ragged` (the forward computes each sequence's own rows) to the batch's most likely nodes.
+        `ragged` (the forward computes each sequence's own rows) and no sampled tree in the batch to the
+        batch's most likely nodes (a sampled tree's prefix is planned as R before it is drafted, so a
+        batch holding one keeps one R for all).
         agree(count): where every tensor-parallel rank cuts its own copy (the engine under --tp), rank
         0's node count for all: counts follow each rank's timings, the order they cut in does not."""
         agree = agree or (lambda count: count)
@@ -143,8 +151,10 @@ class SpeculationPolicy:
             return [t if s else self._own_cut(k, t, agree) for k, t, s in zip(keys, out, sampled)]
         orders = [node_order(t, self.alpha(k), self.scale(k)) for k, t in zip(keys, out)]
         likely = [[p for _, p in order] for order in orders]
-        if ragged:
-            counts = [agree(c) for c in self.batch.choose_each(likely, len(out))]
+        # one R where a sampled tree is verified to its planned prefix (one R plans it), or for one sequence
+        if ragged and len(out) > 1 and not any(sampled):
+            explore = [self._explore_due(k) for k in keys]
+            counts = [agree(c) for c in self.batch.choose_each(likely, len(out), explore)]
         else:
             counts = [agree(self.batch.choose(likely, len(out)))] * len(out)
         return [t if s else keep_nodes(t, [i for i, _ in order[:count]])
@@ -166,6 +176,11 @@ class SpeculationPolicy:
         step_s = verify_s + (draft_s + wait_s if rows > len(trees) else 0.0)
         self.batch.record(rows, step_s if timed else None, sum(len(s.token_ids) for s in steps if s is not None),
                           len(trees))
+        for key, tree in zip(keys, trees):
+            self.idle[key] = 0 if tree.num_nodes else self.idle.get(key, 0) + 1
+            seq = self.seqs.get(key)
+            if ragged and len(trees) > 1 and not tree.num_nodes and seq is not None:
+                seq.acceptance.regain(self.pool.prior(), self.batch.config.regain_keep)
         for key, tree, step in zip(keys, trees, steps):
             if step is not None:
                 self.observe(key, step.depth if tree.num_nodes else 0, step.num_accepted,
@@ -184,6 +199,13 @@ class SpeculationPolicy:
         if depth > 0:
             self.pool.record(depth, min(num_accepted, depth), self.depth_config.decay)
 
+
+    def _explore_due(self, key: str) -> bool:
+        """Whether a ragged batch owes this sequence a verified node: none for BudgetConfig.explore_interval
+        steps, or for the probe interval when probes have found drafting unprofitable (at a batch of 32 with
+        nothing accepted, a node per sequence every 32 steps cost 3% of plain speed)."""
+        interval = max(self.batch.config.explore_interval, self.batch.probe_interval)
+        return self.batch.ragged and self.idle.get(key, 0) >= interval
 
     def _own_cut(self, key: str, tree: DraftTree, agree) -> DraftTree:
         """A scored tree cut to the nodes its sequence's controller finds worth verifying."""

@@ -59,6 +59,11 @@ class Acceptance:
         self.accepted = decay * self.accepted + num_accepted
         self.rejections = decay * self.rejections + (1.0 if num_accepted < depth else 0.0)
 
+    def regain(self, prior: Acceptance, keep: float) -> None:
+        """One step without a verified draft: the evidence fades toward `prior` (its counts, weighted 1 - keep)."""
+        self.accepted = keep * self.accepted + (1.0 - keep) * prior.accepted
+        self.rejections = keep * self.rejections + (1.0 - keep) * prior.rejections
+
     def prior(self, weight: float = 2.0) -> Acceptance:
         """A new sequence's start: this estimate's mean, worth `weight` pseudo-steps."""
         total = self.accepted + self.rejections
