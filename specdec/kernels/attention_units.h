@@ -66,22 +66,22 @@ inline Split split_work(int64_t B, int64_t kv_heads, int64_t n, int64_t group, i
 
 // Part `part` of `parts` of split_work's units, as shared by count (a (b, g)'s units one after another,
 // so its keys stay in L2). rows_of(b): sequence b's query rows (ragged calls: fewer than n); a unit is cut
-// to them, and dropped where none are left.
+// to them and dropped where none are left, before the units are shared out, so the parts' counts stay even.
 template <typename RowsOf>
 std::vector<Unit> split_units(const Split& split, int64_t B, int64_t kv_heads, int64_t n, int64_t group, int64_t part,
                               int64_t parts, RowsOf rows_of) {
   const int64_t per_group = split.row_blocks * split.head_blocks;
-  int64_t begin, end;
-  specdec_parts::share(B * kv_heads * per_group, part, parts, begin, end);
-  std::vector<Unit> units;
-  for (int64_t item = begin; item < end; ++item) {
+  std::vector<Unit> all;
+  for (int64_t item = 0; item < B * kv_heads * per_group; ++item) {
     const int64_t b = item / (kv_heads * per_group), g = (item / per_group) % kv_heads;
     const int64_t r = (item % per_group) / split.head_blocks, hb = item % split.head_blocks;
     const int64_t rows = std::min(split.rows, std::min(n, rows_of(b)) - r * split.rows);
     if (rows > 0)
-      units.push_back(Unit{b, g, r * split.rows, rows, hb * split.heads, std::min(split.heads, group - hb * split.heads)});
+      all.push_back(Unit{b, g, r * split.rows, rows, hb * split.heads, std::min(split.heads, group - hb * split.heads)});
   }
-  return units;
+  int64_t begin, end;
+  specdec_parts::share(static_cast<int64_t>(all.size()), part, parts, begin, end);
+  return std::vector<Unit>(all.begin() + begin, all.begin() + end);
 }
 
 // Part `part` of `parts` of a call's units on the vector path, sharing out rows rather than uniform blocks:
