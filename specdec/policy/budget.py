@@ -23,7 +23,8 @@ while the others decode plainly, where a uniform R would pay its rows for every 
 
 Costs above the measured row counts are unknown, so every `probe_interval` steps one step verifies
 `probe_tokens` more per sequence (one in batches of 4 or more) and measures it; a probe whose expected
-tokens over its measured seconds did not beat the choice's expected rate doubles the interval, so under load probing costs well under a percent.
+tokens over its measured seconds did not beat the choice's expected rate doubles the interval, so under
+load probing costs well under a percent.
 
 Which trees may be cut after drafting is the exactness question, answered in specdec.policy.
 """
