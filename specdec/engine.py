@@ -110,12 +110,12 @@ class Engine:
     def new_policy(self, load_aware: bool = True, costs: tuple[tuple[int, float], ...] = ()) -> SpeculationPolicy:
         """The speculation policy for this engine's sequences (depth, node budget, acceptance). costs:
         ((rows, seconds), ...) of verify forwards measured beforehand (specdec.policy.calibrate), the
-        batch budget's starting point."""
+        batch budget's starting point. Its batches are priced as this runner verifies them (ragged or padded)."""
         if self.config.policy is not None:
-            return SpeculationPolicy(self.config.policy)
+            return SpeculationPolicy(self.config.policy, ragged=self.runner.ragged)
         budget = BudgetConfig(enabled=load_aware, costs=costs) if costs else None
         return SpeculationPolicy(PolicyConfig(max_depth=self.num_speculative_tokens, adaptive=self.config.adaptive,
-                                              load_aware=load_aware, budget=budget))
+                                              load_aware=load_aware, budget=budget), ragged=self.runner.ragged)
 
     def _eos_ids(self) -> frozenset[int]:
         ids: set[int] = set()

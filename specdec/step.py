@@ -20,6 +20,7 @@ generator back to where the step found them, so the step can be retried (alone, 
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from dataclasses import dataclass
@@ -92,7 +93,7 @@ def verify_step(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree
     verify_s = time.perf_counter() - start
     features = runner.features(flat)  # [sum rows, F]: flat itself unless a head reads fused layers
     results: list[StepResult | StepFailure] = []
-    starts = [sum(num_rows[:i]) for i in range(len(seqs))]
+    starts = [0, *itertools.accumulate(num_rows)]
     for seq, tree, layout, verdict, at, n in zip(seqs, trees, layouts, verdicts, starts, num_rows):
         try:  # past the cache commit nothing is retried: a failure here fails this sequence only
             results.append(seq.commit_verified(tree, layout, verdict, flat[at:at + n], verify_s, features[at:at + n]))
@@ -206,13 +207,13 @@ def decode_step(runner: ModelRunner, policy: SpeculationPolicy, pool: BatchCache
     """Draft, choose what to verify, verify, learn: one step of every entry, as prose.
     Returns (trees as verified, results, seconds spent drafting)."""
     trees, draft_s = propose_all(entries, plan_all(policy, entries, max_len), agree=parallel.broadcast_int)
-    keys, ragged = [e.key for e in entries], runner.ragged  # ragged: a tree's rows cost only its own sequence
+    keys = [e.key for e in entries]
     trees = policy.allocate(keys, trees, [is_sampled(t, e.seq.params.greedy) for t, e in zip(trees, entries)],
-                            agree=parallel.broadcast_int, ragged=ragged)
+                            agree=parallel.broadcast_int)
     start, probes = time.perf_counter(), runner.num_team_probes
     results = verify_each(runner, [e.seq for e in entries], trees, pool, fault)
     # a forward the thread team timed the slower way (specdec.kernels.team) says nothing of the step's cost
     timed = runner.num_team_probes == probes
     policy.record(keys, trees, [r if isinstance(r, StepResult) else None for r in results],
-                  time.perf_counter() - start, draft_s, timed=timed, ragged=ragged)
+                  time.perf_counter() - start, draft_s, timed=timed)
     return trees, results, draft_s

@@ -231,10 +231,8 @@ class TargetWorker(DraftIntake):
                 budgets = plan_all(self.policy, entries, self.engine.max_len)
                 trace = self.telemetry.tracing and TargetStepTrace(self.telemetry, picked, self.policy.planned)
             trees, draft_s = propose_all(entries, budgets)
-            ragged = self.engine.runner.ragged  # the forward computes each sequence's own rows: priced so
             with self.cond:  # load-aware: verify only as much as pays at this batch size
-                trees = self.policy.allocate(keys, trees, [is_sampled(t, s.params.greedy) for t, s in zip(trees, seqs)],
-                                             ragged=ragged)
+                trees = self.policy.allocate(keys, trees, [is_sampled(t, s.params.greedy) for t, s in zip(trees, seqs)])
             self.mirror.step(seqs, trees)  # tensor-parallel followers run the same forward
             self.num_verify_forwards += 1
             self.num_sequence_steps += len(seqs)
@@ -246,7 +244,7 @@ class TargetWorker(DraftIntake):
             self.instruments.step(len(seqs), time.perf_counter() - start, steps)
             with self.cond:
                 self.policy.record(keys, trees, [None if isinstance(s, StepFailure) else s for s in steps],
-                                   time.perf_counter() - start, draft_s, self.draft_wait_s, ragged=ragged)
+                                   time.perf_counter() - start, draft_s, self.draft_wait_s)
                 self.draft_wait_s = 0.0
                 self.last_step_end = time.monotonic()
         for (seq_id, state, _), step in zip(picked, steps):

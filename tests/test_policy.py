@@ -29,14 +29,14 @@ def simulate(batch: int, alpha: float | list[float], cost, num_steps: int = 400,
     that many rows: padded (batch x the largest tree) or, ragged, every sequence's own."""
     rng = random.Random(seed)
     alphas = alpha if isinstance(alpha, list) else [alpha] * batch
-    budget = SpeculationPolicy(PolicyConfig(adaptive=adaptive, load_aware=enabled))
+    budget = SpeculationPolicy(PolicyConfig(adaptive=adaptive, load_aware=enabled), ragged=ragged)
     keys = [str(i) for i in range(batch)]
     for k in keys:
         budget.add(k)
     tokens = seconds = 0.0
     for _ in range(num_steps):
         trees = [DraftTree.chain([1] * budget.plan(k, 8).depth) for k in keys]
-        trees = budget.allocate(keys, trees, [False] * batch, ragged=ragged)
+        trees = budget.allocate(keys, trees, [False] * batch)
         steps = []
         for tree, p in zip(trees, alphas):
             accepted = 0
@@ -45,7 +45,7 @@ def simulate(batch: int, alpha: float | list[float], cost, num_steps: int = 400,
             steps.append(FakeStep([0] * (accepted + 1), accepted, tree.num_nodes))
         rows = sum(1 + t.num_nodes for t in trees) if ragged else batch * (1 + max(t.num_nodes for t in trees))
         step_s = cost(rows)
-        budget.record(keys, trees, steps, step_s, ragged=ragged)
+        budget.record(keys, trees, steps, step_s)
         tokens += sum(len(s.token_ids) for s in steps)
         seconds += step_s
     return tokens / seconds
@@ -87,14 +87,14 @@ def test_ragged_budget_verifies_the_drafts_that_pass_where_padding_cannot_pay():
     padded, ragged = (simulate(16, alphas, flat_cpu, ragged=r) for r in (False, True))
     assert padded < 1.03 * plain and ragged > 1.06 * plain and ragged > 1.05 * padded, (plain, padded, ragged)
     policy = SpeculationPolicy(PolicyConfig(max_depth=4, adaptive=False, budget=BudgetConfig(
-        costs=tuple((rows, flat_cpu(rows)) for rows in range(1, 80)), learn_costs=False)))
+        costs=tuple((rows, flat_cpu(rows)) for rows in range(1, 80)), learn_costs=False)), ragged=True)
     keys = [str(i) for i in range(16)]
     for key in keys:
         policy.add(key)
     for _ in range(30):  # four sequences whose drafts have passed, twelve whose drafts have failed
         for key in keys:
             policy.observe(key, 4, 4 if key in keys[:4] else 0, None)
-    trees = policy.allocate(keys, [DraftTree.chain([1, 2, 3, 4])] * 16, [False] * 16, ragged=True)
+    trees = policy.allocate(keys, [DraftTree.chain([1, 2, 3, 4])] * 16, [False] * 16)
     assert [t.num_nodes for t in trees] == [4] * 4 + [0] * 12
 
 
@@ -102,14 +102,14 @@ def test_ragged_budget_still_verifies_a_poor_drafter_now_and_then():
     """Ragged, the sequences whose drafts failed get no nodes while better ones exist, so their acceptance
     could never move again; one that has had none verified for explore_interval (32) steps gets a node."""
     rng = random.Random(0)
-    policy = SpeculationPolicy(PolicyConfig(max_depth=4, adaptive=False))
+    policy = SpeculationPolicy(PolicyConfig(max_depth=4, adaptive=False), ragged=True)
     keys = [str(i) for i in range(16)]
     for key in keys:
         policy.add(key)
     verified = [0] * 16  # steps in which each sequence had a node verified
     for _ in range(600):
         trees = [DraftTree.chain([1] * policy.plan(k, 4).depth) for k in keys]
-        trees = policy.allocate(keys, trees, [False] * 16, ragged=True)
+        trees = policy.allocate(keys, trees, [False] * 16)
         steps = []
         for i, tree in enumerate(trees):
             accepted = 0
@@ -117,7 +117,7 @@ def test_ragged_budget_still_verifies_a_poor_drafter_now_and_then():
                 accepted += 1
             steps.append(FakeStep([0] * (accepted + 1), accepted, tree.num_nodes))
             verified[i] += tree.num_nodes > 0
-        policy.record(keys, trees, steps, flat_cpu(sum(1 + t.num_nodes for t in trees)), ragged=True)
+        policy.record(keys, trees, steps, flat_cpu(sum(1 + t.num_nodes for t in trees)))
     assert min(verified[:4]) > 300  # the good drafters verify most steps...
     assert 3 <= min(verified[4:]) and max(verified[4:]) < 60, verified  # ...the poor ones now and then
 
@@ -363,6 +363,21 @@ def test_measured_costs_seed_the_batch_budget(tiny_target, one_thread):
     assert engine.new_policy(load_aware=True).batch.costs.means == {}
 
 
+def test_an_engines_policy_prices_batches_as_its_runner_verifies_them(tiny_target):
+    """The engine's policies (the in-process step's and the target worker's alike) are ragged exactly
+    where the runner's verify forwards are: on the lean walk with a static cache, unless turned off."""
+    import dataclasses
+
+    from specdec import Engine
+
+    engine = Engine.from_pretrained(target=tiny_target)
+    assert engine.runner.ragged and engine.new_policy().ragged
+    engine.runner.run_config = dataclasses.replace(engine.runner.run_config, ragged=False)
+    assert not engine.runner.ragged and not engine.new_policy().ragged
+    dynamic = Engine.from_pretrained(target=tiny_target, kv_cache="dynamic")
+    assert not dynamic.runner.ragged and not dynamic.new_policy().ragged
+
+
 def test_costs_are_kept_per_batch_size():
     """8 padded rows are 8 sequences' plain step or 4 sequences' drafted one: the budget must price each by
     its own batch size's measurements, and shape a batch size's unmeasured counts by the all-batch table."""
@@ -380,19 +395,21 @@ def test_costs_are_kept_per_batch_size():
 
 def test_an_unverified_sequences_acceptance_regains_the_prior():
     """Ragged, a sequence with no node verified this step keeps 0.95 of its evidence and takes the rest
-    from the worker's prior: an early run of rejections fades instead of ranking it last for good."""
-    policy = SpeculationPolicy(PolicyConfig(max_depth=4, adaptive=False))
-    for key in "abc":
-        policy.add(key)
-    for _ in range(20):  # "a" rejected at once every step; "b" and "c" accept everything
-        policy.observe("a", 4, 0, None)
-        for key in "bc":
-            policy.observe(key, 4, 4, None)
-    low = policy.alpha("a")
+    from the worker's prior: an early run of rejections fades instead of ranking it last for good. Padded,
+    every tree gets R nodes, and a tree without any has nothing to regain from."""
     steps = [FakeStep([0], 0, 0), FakeStep([0] * 5, 4, 4), FakeStep([0] * 5, 4, 4)]
     trees = [DraftTree.empty(), DraftTree.chain([1, 2, 3, 4]), DraftTree.chain([1, 2, 3, 4])]
-    policy.record(list("abc"), trees, steps, 0.02, ragged=True)
-    assert low < policy.alpha("a") < policy.pool.alpha  # toward the prior, not there at once
-    before = policy.alpha("a")
-    policy.record(list("abc"), trees, steps, 0.02)  # padded: every tree gets R, nothing to regain
-    assert policy.alpha("a") == before
+    for ragged in (True, False):
+        policy = SpeculationPolicy(PolicyConfig(max_depth=4, adaptive=False), ragged=ragged)
+        for key in "abc":
+            policy.add(key)
+        for _ in range(20):  # "a" rejected at once every step; "b" and "c" accept everything
+            policy.observe("a", 4, 0, None)
+            for key in "bc":
+                policy.observe(key, 4, 4, None)
+        low = policy.alpha("a")
+        policy.record(list("abc"), trees, steps, 0.02)
+        if ragged:
+            assert low < policy.alpha("a") < policy.pool.alpha  # toward the prior, not there at once
+        else:
+            assert policy.alpha("a") == low

@@ -110,8 +110,8 @@ class LeanForward:
         batch, n = input_ids.shape
         flat = None
         if seq_rows is not None:  # [M] indices of the rows that exist in the padded [B * n]
-            device = input_ids.device
-            flat = torch.cat([torch.arange(b * n, b * n + rows, device=device) for b, rows in enumerate(seq_rows)])
+            rows = torch.tensor(seq_rows, device=input_ids.device)
+            flat = (torch.arange(n, device=input_ids.device) < rows[:, None]).reshape(-1).nonzero().squeeze(1)
         embeds = self.decoder.embed_tokens(input_ids if flat is None else input_ids.reshape(-1)[flat])  # [B, n | M, H]
         if cache.store is None:
             cache.allocate(embeds.new_empty(batch, self.num_kv_heads, n, self.head_dim))

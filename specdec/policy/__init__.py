@@ -56,8 +56,12 @@ class DraftBudget:
 
 
 class SpeculationPolicy:
-    def __init__(self, config: PolicyConfig = PolicyConfig()):
+    def __init__(self, config: PolicyConfig = PolicyConfig(), ragged: bool = False):
+        """ragged: the forwards it sizes compute each sequence's own rows (ModelRunner.ragged), so a batch
+        costs the sum of its trees' rows and takes the most likely nodes of all of them (choose_each);
+        else the batch is padded to its largest tree and every tree gets one node count R (choose)."""
         self.config = config
+        self.ragged = ragged
         self.depth_config = config.depth or DepthConfig(max_depth=config.max_depth, adaptive=config.adaptive)
         self.batch = BatchBudget(config.budget or BudgetConfig(enabled=config.load_aware))
         self.seqs: dict[str, DepthController] = {}
@@ -131,13 +135,11 @@ class SpeculationPolicy:
         depth = max(0, min(depth, self.depth_config.max_depth, limit))
         return DraftBudget(depth, None if nodes >= NO_CAP else nodes)
 
-    def allocate(self, keys: list[str], trees: list[DraftTree], sampled: list[bool], agree=None,
-                 ragged: bool = False) -> list[DraftTree]:
+    def allocate(self, keys: list[str], trees: list[DraftTree], sampled: list[bool], agree=None) -> list[DraftTree]:
         """The trees one forward verifies. sampled[i]: trees[i] was drawn at random (q given and the
-        sequence samples): cut only to its planned prefix. Others: cut to the batch's best R, or with
-        `ragged` (the forward computes each sequence's own rows) and no sampled tree in the batch to the
-        batch's most likely nodes (a sampled tree's prefix is planned as R before it is drafted, so a
-        batch holding one keeps one R for all).
+        sequence samples): cut only to its planned prefix. Others: cut to the batch's best R, or where
+        forwards are ragged and no tree in the batch is sampled to the batch's most likely nodes (a
+        sampled tree's prefix is planned as R before it is drafted, so a batch holding one keeps one R).
         agree(count): where every tensor-parallel rank cuts its own copy (the engine under --tp), rank
         0's node count for all: counts follow each rank's timings, the order they cut in does not."""
         agree = agree or (lambda count: count)
@@ -152,7 +154,7 @@ class SpeculationPolicy:
         orders = [node_order(t, self.alpha(k), self.scale(k)) for k, t in zip(keys, out)]
         likely = [[p for _, p in order] for order in orders]
         # one R where a sampled tree is verified to its planned prefix (one R plans it), or for one sequence
-        if ragged and len(out) > 1 and not any(sampled):
+        if self.ragged and len(out) > 1 and not any(sampled):
             explore = [self._explore_due(k) for k in keys]
             counts = [agree(c) for c in self.batch.choose_each(likely, len(out), explore)]
         else:
@@ -161,13 +163,13 @@ class SpeculationPolicy:
                 for t, s, order, count in zip(out, sampled, orders, counts)]
 
     def record(self, keys: list[str], trees: list[DraftTree], steps: list, verify_s: float,
-               draft_s: float = 0.0, wait_s: float = 0.0, timed: bool = True, ragged: bool = False) -> None:
+               draft_s: float = 0.0, wait_s: float = 0.0, timed: bool = True) -> None:
         """One forward's outcome: trees as verified, each sequence's StepResult (None: it failed).
         draft_s: drafting on this thread before it; wait_s: the step's wait for drafts made elsewhere.
         timed False: the forward was run slower than its size costs (a thread-team probe): what was
-        accepted is learnt, its seconds are not. ragged: the forward computed each sequence's own rows
-        (its cost is counted by their sum), else the batch padded to its largest tree."""
-        if ragged:
+        accepted is learnt, its seconds are not. A ragged forward's rows are counted by their sum, a padded
+        one's as the batch times its largest tree."""
+        if self.ragged:
             rows = sum(1 + t.num_nodes for t in trees)
         else:
             rows = len(trees) * (1 + max((t.num_nodes for t in trees), default=0))
@@ -176,12 +178,10 @@ class SpeculationPolicy:
         step_s = verify_s + (draft_s + wait_s if rows > len(trees) else 0.0)
         self.batch.record(rows, step_s if timed else None, sum(len(s.token_ids) for s in steps if s is not None),
                           len(trees))
-        for key, tree in zip(keys, trees):
-            self.idle[key] = 0 if tree.num_nodes else self.idle.get(key, 0) + 1
-            seq = self.seqs.get(key)
-            if ragged and len(trees) > 1 and not tree.num_nodes and seq is not None:
-                seq.acceptance.regain(self.pool.prior(), self.batch.config.regain_keep)
         for key, tree, step in zip(keys, trees, steps):
+            self.idle[key] = 0 if tree.num_nodes else self.idle.get(key, 0) + 1
+            if self.ragged and len(trees) > 1 and not tree.num_nodes and key in self.seqs:
+                self.seqs[key].acceptance.regain(self.pool.prior(), self.batch.config.regain_keep)
             if step is not None:
                 self.observe(key, step.depth if tree.num_nodes else 0, step.num_accepted,
                              verify_s + draft_s if timed else None, tree.scores if tree.num_nodes else None,

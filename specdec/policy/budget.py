@@ -165,15 +165,9 @@ class BatchBudget:
             return NO_CAP
         self.num_choices += 1
         self.ragged = False
-        best_r, best_rate, plain_rate = 0, None, None
-        for r in range(max_nodes + 1):
-            cost = self.estimate(batch, batch * (r + 1))
-            if cost is None or cost <= 0:
-                continue
-            rate = (batch + sum(sum(order[:r]) for order in orders)) / cost
-            plain_rate = rate if r == 0 else plain_rate
-            if best_rate is None or rate > best_rate:
-                best_r, best_rate = r, rate
+        gains = [batch + sum(sum(order[:r]) for order in orders) for r in range(max_nodes + 1)]
+        costs = self.estimate_many(batch, [batch * (r + 1) for r in range(max_nodes + 1)])
+        best_r, best_rate, plain_rate = _best(gains, costs)
         if plain_rate is not None and best_rate < self.config.min_gain * plain_rate:
             best_r, best_rate = 0, plain_rate
         probe = self.config.probe_tokens if batch < 4 else 1  # a probe costs batch * depth extra rows
@@ -205,14 +199,7 @@ class BatchBudget:
         for p, _, _ in ranked:
             gains.append(gains[-1] - p)
         costs = self.estimate_many(batch, [batch + k for k in range(len(gains))])
-        best_k, best_rate, plain_rate = 0, None, None
-        for k, (gain, cost) in enumerate(zip(gains, costs)):
-            if cost is None or cost <= 0:
-                continue
-            rate = gain / cost
-            plain_rate = rate if k == 0 else plain_rate
-            if best_rate is None or rate > best_rate:
-                best_k, best_rate = k, rate
+        best_k, best_rate, plain_rate = _best(gains, costs)
         # min_gain asks the drafted nodes for it, not the whole batch: their tokens over the seconds they add
         # must beat plain decoding's rate by it. A few sure nodes in a batch of 16 raise the batch's rate by
         # a few percent only, so asked of the whole batch (as choose does) it forbade them at any acceptance.
@@ -283,6 +270,20 @@ class BatchBudget:
             self.probe_interval = floor if paid else min(max(2 * self.probe_interval, floor),
                                                          self.config.max_probe_interval)
             self.steps_since_probe = 0
+
+
+def _best(gains: list[float], costs: list[float | None]) -> tuple[int, float | None, float | None]:
+    """(the option with the best rate gains[i] / costs[i], that rate, option 0's rate); options whose
+    cost is unknown are skipped."""
+    best, best_rate, plain_rate = 0, None, None
+    for i, (gain, cost) in enumerate(zip(gains, costs)):
+        if cost is None or cost <= 0:
+            continue
+        rate = gain / cost
+        plain_rate = rate if i == 0 else plain_rate
+        if best_rate is None or rate > best_rate:
+            best, best_rate = i, rate
+    return best, best_rate, plain_rate
 
 
 def node_order(tree: DraftTree, alpha: float, scale: float | Callable[[int], float] = 1.0) -> list[tuple[int, float]]:

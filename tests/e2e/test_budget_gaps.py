@@ -55,10 +55,10 @@ class ScriptedBudget(SpeculationPolicy):
     def cap(self) -> int:
         return 0 if self.num_steps in self.off else NO_CAP
 
-    def allocate(self, keys, trees, sampled, agree=None, ragged=False):
+    def allocate(self, keys, trees, sampled):
         return trees
 
-    def record(self, keys, trees, steps, verify_s, draft_s=0.0, wait_s=0.0, timed=True, ragged=False):
+    def record(self, keys, trees, steps, verify_s, draft_s=0.0, wait_s=0.0):
         self.num_steps += 1
 
 
