@@ -15,7 +15,10 @@ The floor is the bytes every forward must read (each linear weight and the LM he
 dtype) over the memory-stream rate measured here (a large tensor summed on torch's threads; measured
 before every case, the fastest kept, as a neighbour's load on a shared machine only slows it). A
 second floor adds the KV cache a one-row forward reads too (every layer's keys and values of the
-cached tokens and the new one, per sequence): at 1,024 cached tokens that is no longer small. Writes
+cached tokens and the new one, per sequence): at 1,024 cached tokens that is no longer small. Many rows
+meet the other roof (benchmarks/roofline.py): their FLOP at the vector units' measured peak. A forward's
+floor is the larger of the two, and "floor 16 / floor 1" is the least 16 rows can cost against one row on
+this machine, with any kernel (a goal below it cannot be met here). Writes
 forward_cost.json, forward_cost.md and forward_cost.png under --out; the torch thread count is in all.
 """
 from __future__ import annotations
@@ -33,6 +36,8 @@ from tqdm import tqdm
 from specdec.bench.machine import machine_info, versions
 from specdec.models.loader import DTYPES, load_model
 from specdec.models.runner import ModelRunner, RunnerConfig
+
+from roofline import arith_peak_gflops, forward_flops  # beside this script in benchmarks/
 
 OUT = Path("benchmarks/results/forward_cost")
 
@@ -114,7 +119,7 @@ def measure(args: argparse.Namespace) -> dict:
     # a shared VM's memory can swing between two rates for minutes (an AMD EPYC host: ~34 and ~64 GB/s)
     samples = stream_samples_gbs()
     rate = max(samples)
-    results, floors, kv_bytes = [], {}, {}
+    results, floors, kv_bytes, peaks = [], {}, {}, {}
     cases = [(c, b) for c in args.contexts for b in args.batches]
     bar = tqdm(total=len(args.dtypes) * len(cases) * len(args.rows), desc="forwards", file=sys.stderr)
     for dtype_name in args.dtypes:
@@ -125,6 +130,8 @@ def measure(args: argparse.Namespace) -> dict:
             caches = {}
             samples += stream_samples_gbs()
             rate = max(samples)
+            peak = arith_peak_gflops(DTYPES[dtype_name])  # like the stream: the fastest seen, before every case
+            peaks[dtype_name] = peak and max(peak, peaks.get(dtype_name) or 0.0)
             for kernel, runner in runners.items():
                 floors[dtype_name] = weight_bytes(runner)  # bytes here; ms at the end, at the fastest rate
                 kv_bytes[dtype_name] = kv_bytes_per_token(runner)
@@ -136,9 +143,13 @@ def measure(args: argparse.Namespace) -> dict:
                         times[kernel].append(time_forward(runner, caches[kernel], batch, context, rows))
                 for kernel, spent in times.items():
                     ms = [1e3 * t for t in spent[1:]]
-                    results.append(dict(dtype=dtype_name, kernel=runners[kernel].linear_kernel.kernel,
+                    runner = runners[kernel]
+                    flops = forward_flops(runner.model.config, floors[dtype_name] // runner.dtype.itemsize, batch,
+                                          rows, context)
+                    results.append(dict(dtype=dtype_name, kernel=runner.linear_kernel.kernel,
                                         asked=kernel, context=context, batch=batch, rows=rows,
-                                        best_ms=round(min(ms), 2), median_ms=round(statistics.median(ms), 2)))
+                                        best_ms=round(min(ms), 2), median_ms=round(statistics.median(ms), 2),
+                                        gflop=round(flops / 1e9, 3)))
                 bar.update()
         del runners, caches
     bar.close()
@@ -146,12 +157,24 @@ def measure(args: argparse.Namespace) -> dict:
             "stream_rate_gbs": round(rate, 1), "stream_median_gbs": round(statistics.median(samples), 1),
             "num_stream_samples": len(samples), "floor_ms": {k: round(v / rate / 1e6, 2) for k, v in floors.items()},
             "kv_bytes_per_token": kv_bytes, "kv_ms_per_token": {k: v / rate / 1e6 for k, v in kv_bytes.items()},
+            "peak_gflops": {k: v and round(v, 1) for k, v in peaks.items()},
             "repeats": args.repeats, "results": results}
 
 
 def floor_with_kv_ms(report: dict, dtype: str, context: int, batch: int) -> float:
     """The weights' floor plus the KV cache a one-row forward reads (context + 1 tokens per sequence)."""
     return report["floor_ms"][dtype] + report["kv_ms_per_token"][dtype] * (context + 1) * batch
+
+
+def floor_ms(report: dict, result: dict) -> float | None:
+    """A timed forward's floor: its bytes (weights, and the K/V it reads) at the stream's rate, or its FLOP
+    at the arithmetic peak, whichever is longer; None where no peak was measured (for a report before it)."""
+    peak = report.get("peak_gflops", {}).get(result["dtype"])
+    if not peak or "gflop" not in result:
+        return None
+    dtype = result["dtype"]
+    stream = report["floor_ms"][dtype] + report["kv_ms_per_token"][dtype] * (result["context"] + result["rows"]) * result["batch"]
+    return max(stream, result["gflop"] / peak * 1e3)
 
 
 def render_markdown(report: dict) -> str:
@@ -162,15 +185,24 @@ def render_markdown(report: dict) -> str:
              f"Memory stream {report['stream_rate_gbs']} GB/s (the fastest of {report.get('num_stream_samples', '?')} sums; "
              f"their median {report.get('stream_median_gbs', '?')} GB/s); floors: "
              + ", ".join(f"{d} {v} ms" for d, v in report["floor_ms"].items())
-             + f" (weights only). Fastest of {report['repeats']} (ms per forward incl. the LM head over every row); "
-             "floor incl. K/V: the weights plus the keys and values a one-row forward reads.", "",
+             + f" (weights only); arithmetic peak: "
+             + ", ".join(f"{d} {v} GFLOP/s" if v else f"{d} not measured" for d, v in report.get("peak_gflops", {}).items())
+             + f". Fastest of {report['repeats']} (ms per forward incl. the LM head over every row); "
+             "floor incl. K/V: the weights plus the keys and values a one-row forward reads; a forward's floor: "
+             "that or its FLOP at the peak, whichever is longer.", "",
              "| dtype | kernel | cached | batch | " + " | ".join(f"{r} rows" for r in rows)
-             + " | 1 row / floor | floor incl. K/V (ms) | 1 row / floor incl. K/V | 8 / 1 row | 16 / 1 row |",
-             "|---|---|---|---|" + "---|" * (len(rows) + 5)]
+             + " | 1 row / floor | floor incl. K/V (ms) | 1 row / floor incl. K/V | 8 / 1 row | 16 / 1 row"
+             " | floor 16 / floor 1 | 16 rows / their floor |",
+             "|---|---|---|---|" + "---|" * (len(rows) + 7)]
     groups: dict = {}
+    floors: dict = {}
     for r in report["results"]:
         groups.setdefault((r["dtype"], r["asked"], r["context"], r["batch"]), {})[r["rows"]] = r["best_ms"]
+        floors.setdefault((r["dtype"], r["asked"], r["context"], r["batch"]), {})[r["rows"]] = floor_ms(report, r)
     for (dtype, kernel, context, batch), ms in groups.items():
+        floor_of = floors[dtype, kernel, context, batch]
+        least = f"{floor_of[16] / floor_of[1]:.2f}" if floor_of.get(16) and floor_of.get(1) else "-"
+        to_own = f"{ms[16] / floor_of[16]:.2f}" if floor_of.get(16) else "-"
         one = ms.get(1)
         ratio = lambda n: f"{ms[n] / one:.2f}" if one and n in ms else "-"  # noqa: E731
         floor = report["floor_ms"][dtype]
@@ -178,7 +210,7 @@ def render_markdown(report: dict) -> str:
         with_kv = floor_with_kv_ms(report, dtype, context, batch)
         to_kv = f"{one / with_kv:.2f}" if one else "-"
         lines.append(f"| {dtype} | {kernel} | {context} | {batch} | " + " | ".join(f"{ms.get(n, '-')}" for n in rows)
-                     + f" | {to_floor} | {with_kv:.2f} | {to_kv} | {ratio(8)} | {ratio(16)} |")
+                     + f" | {to_floor} | {with_kv:.2f} | {to_kv} | {ratio(8)} | {ratio(16)} | {least} | {to_own} |")
     return "\n".join(lines) + "\n"
 
 
@@ -197,6 +229,10 @@ def render_png(report: dict, path: Path) -> None:
             ax.plot(*zip(*pts), marker="o", label=f"{dtype} {kernel}")
         for i, (dtype, floor) in enumerate(report["floor_ms"].items()):
             ax.axhline(floor, linestyle=":", color=f"C{i + 6}", label=f"{dtype} bandwidth floor")
+            roof = sorted({(r["rows"], floor_ms(report, r)) for r in report["results"]
+                           if (r["dtype"], r["context"], r["batch"]) == (dtype, context, batch)})
+            if roof and all(ms is not None for _, ms in roof):  # the larger roof at each row count
+                ax.plot(*zip(*roof), linestyle="--", color=f"C{i + 6}", label=f"{dtype} floor (stream or peak)")
         ax.set(xscale="log", xlabel="rows per sequence", ylabel="ms per forward", ylim=(0, None),
                title=f"{context} cached, batch {batch}")
         ax.set_xticks(sorted({r['rows'] for r in report['results']}), labels=None)

@@ -11,6 +11,7 @@ torch::Tensor rotary(torch::Tensor x, torch::Tensor cos, torch::Tensor sin, int6
 torch::Tensor residual_add(torch::Tensor x, torch::Tensor y, int64_t isa);                 // rows.cpp
 torch::Tensor argmax_rows(torch::Tensor logits, int64_t isa);                             // argmax.cpp
 std::vector<torch::Tensor> top_probs(torch::Tensor logits, int64_t r, int64_t isa, bool log);  // top_probs.cpp
+double arith_peak(bool bf16, int64_t iters);                              // peak.cpp
 void bind_lean(pybind11::module& m);                                      // layer.cpp: LeanStack
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -24,5 +25,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("argmax_rows", &argmax_rows, "logits [R, V] float32 -> each row's first maximum (a NaN counts as one)");
   m.def("top_probs", &top_probs, "logits [M, V] -> each row's r best (index, softmax probability or its log)",
         pybind11::arg("logits"), pybind11::arg("r"), pybind11::arg("isa"), pybind11::arg("log") = false);
+  m.def("arith_peak", &arith_peak, "GFLOP/s of rowgemm's instruction (bf16 dot-pairs or float32 FMAs) on every "
+        "torch thread, register-only: the compute roof", pybind11::arg("bf16"), pybind11::arg("iters"));
   bind_lean(m);
 }
