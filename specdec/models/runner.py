@@ -89,7 +89,6 @@ class ModelRunner:
         self.device = first.device  # every tensor a forward gets is made here (specdec.device)
         self.decoder = getattr(model, model.base_model_prefix)
         rotary.install(self.decoder)  # cos/sin per position computed once: the same bits in every forward
-        self.lean = lean.build(model, self.decoder, self.linear_kernel, self.attention_kernel, config.lean_forward)
         # prompt openings' keys and values across requests: a static cache on one process (tensor-parallel
         # ranks would each need the same blocks at the same moments)
         self.prefix_cache = (PrefixCache(config.prefix_cache_mb << 20) if config.prefix_cache_mb > 0
@@ -108,6 +107,8 @@ class ModelRunner:
         self.packed_head = None  # the head's weight packed for rowgemm: logits straight in float32
         if self.head_weight is not None and self.linear_kernel.kernel == "specdec":
             self.packed_head = PackedLinear(self.head_weight, None)
+        self.lean = lean.build(model, self.decoder, self.linear_kernel, self.attention_kernel, config.lean_forward,
+                               self.packed_head)
         # greedy picks on the calling thread in AVX-512 (specdec/kernels/argmax.cpp), where specdec's kernels run
         self.argmax_kernel = load_kernel().rows_avx512 if self.linear_kernel.kernel == "specdec" else None
         self.graphs = None

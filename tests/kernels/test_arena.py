@@ -1,0 +1,47 @@
+"""The weights' one buffer (specdec.kernels.arena): exact copies, in order, each on a cache line, and a lean
+runner's products and LM head all read from it."""
+from __future__ import annotations
+
+import torch
+
+from specdec.kernels import arena
+from specdec.kernels.build import load_kernel
+
+
+def test_place_copies_exactly_in_order_on_cache_lines():
+    tensors = [torch.randn(3, 5), torch.randn(7).to(torch.bfloat16), torch.arange(10, dtype=torch.int64).view(2, 5),
+               torch.empty(0, 4)]
+    placed = arena.place(tensors)
+    assert [p.shape for p in placed] == [t.shape for t in tensors]
+    assert [p.dtype for p in placed] == [t.dtype for t in tensors]
+    assert all(torch.equal(p, t) for p, t in zip(placed, tensors))
+    assert all(p.data_ptr() % arena.ALIGN == 0 for p in placed if p.numel())
+    starts = [p.data_ptr() for p in placed[:3]]
+    assert starts == sorted(starts) and placed[0].data_ptr() % arena.HUGE_PAGE == 0  # one buffer, in order
+    assert len({p.untyped_storage().data_ptr() for p in placed[:3]}) == 1
+    tensors[0].zero_()
+    assert placed[0].abs().sum() > 0  # copies, not views of the originals
+
+
+def test_buffer_outlives_its_mapping_object():
+    view = arena.buffer(3 << 20)[:100]
+    view.fill_(3)
+    assert int(view.sum()) == 300 and view.data_ptr() % arena.HUGE_PAGE == 0
+
+
+def test_a_lean_runners_products_and_head_share_one_buffer(tiny_target):
+    if load_kernel().module is None:
+        import pytest
+        pytest.skip("the kernels did not build here")
+    from specdec.models.loader import load_model
+    from specdec.models.runner import ModelRunner, RunnerConfig
+
+    runner = ModelRunner(load_model(tiny_target, torch.float32).model, config=RunnerConfig(linear_kernel="specdec"))
+    assert runner.lean is not None and runner.packed_head is not None
+    layers = runner.decoder.layers
+    packed = [m.packed for layer in layers for m in (layer.self_attn.q_proj, layer.self_attn.k_proj,
+              layer.self_attn.v_proj, layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj,
+              layer.mlp.down_proj)] + [runner.packed_head.packed]
+    assert len({p.untyped_storage().data_ptr() for p in packed}) == 1
+    starts = [p.data_ptr() for p in packed]
+    assert starts == sorted(starts)  # the order a forward reads them, the head last
