@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/arena_ab.py --dtype bfloat16 --rows 1 8 16 --forwards 150
 
 Two runners of the embedded model in one process, one built with arena.place bypassed (each weight a
-copy of its own), their forwards alternating (which goes first alternates too), 256 cached tokens,
+tensor of its own, as before), their forwards alternating (which goes first alternates too), 256 cached tokens,
 batch 1, the LM head over every row: the same bytes and the same bits, only their layout differs.
 Prints the median and fastest ms per forward of each, with the CPU's flags and the huge pages held.
 """
@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+
+import torch
 
 from forward_cost import filled_cache, runner_config, time_forward  # beside this script in benchmarks/
 from specdec.bench.machine import cpu_info
@@ -31,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     place, runners = arena.place, {}
     try:
         for name in ("separate", "one buffer"):
-            arena.place = place if name == "one buffer" else (lambda tensors: [t.clone() for t in tensors])
+            arena.place = place if name == "one buffer" else (lambda groups: [torch.cat(g) for g in groups])
             runners[name] = ModelRunner(load_model(None, DTYPES[args.dtype]).model, config=runner_config("specdec"))
     finally:
         arena.place = place

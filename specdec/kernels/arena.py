@@ -40,20 +40,21 @@ def buffer(num_bytes: int) -> torch.Tensor:
     return whole[start:start + num_bytes]
 
 
-def place(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Copies of `tensors` (same shapes, dtypes and values, contiguous), one after another in one
-    buffer, each on a cache-line boundary, in the order given (the order a forward reads them)."""
+def place(groups: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+    """One tensor per group: its tensors (one dtype, the same trailing shape) concatenated along dim 0,
+    written straight into one buffer (no intermediate copy: loading a model holds its weights twice at
+    most), the groups one after another in the order given, each on a cache-line boundary."""
     offsets, total = [], 0
-    for t in tensors:
+    for group in groups:
         total = -(-total // ALIGN) * ALIGN
         offsets.append(total)
-        total += t.numel() * t.element_size()
-    if total == 0:
-        return [t.clone() for t in tensors]
-    memory = buffer(total)
+        total += sum(t.numel() for t in group) * group[0].element_size()
+    memory = buffer(max(total, 1))
     placed = []
-    for t, at in zip(tensors, offsets):
-        view = memory[at:at + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
-        view.copy_(t)
+    for group, at in zip(groups, offsets):
+        first = group[0]
+        size = sum(t.numel() for t in group) * first.element_size()
+        view = memory[at:at + size].view(first.dtype).view(sum(t.shape[0] for t in group), *first.shape[1:])
+        torch.cat(group, out=view)
         placed.append(view)
     return placed

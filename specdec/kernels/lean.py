@@ -57,15 +57,14 @@ def why_not(model: torch.nn.Module, decoder: torch.nn.Module, kernel: KernelChoi
     return ""
 
 
-def _fuse(parts: list[PackedLinear]) -> tuple[torch.Tensor, list[int]]:
-    """One packed weight for several layers reading the same input (their tiles one after another) and
-    each part's first output column in it."""
-    fused = torch.cat([p.packed for p in parts])  # [tiles, ...]
+def _columns(parts: list[PackedLinear]) -> list[int]:
+    """Each part's first output column in the packed weight of several layers reading the same input
+    (their tiles one after another)."""
     cols, tile = [], 0
     for p in parts:
         cols.append(tile * TILE)
         tile += p.packed.shape[0]
-    return fused, cols
+    return cols
 
 
 def _view_parts(fused: torch.Tensor, parts: list[PackedLinear]) -> None:
@@ -89,15 +88,16 @@ class LeanForward:
         self.head_dim = first.head_dim
         self.num_heads = first.q_proj.out_features // self.head_dim
         self.num_kv_heads = first.k_proj.out_features // self.head_dim
-        weights, cols, streamed = [], None, []
-        for layer in decoder.layers:
+        weights, streamed = [], []
+        for layer in decoder.layers:  # q|k|v and gate|up each one packed weight, their tiles one after another
             attn, mlp = layer.self_attn, layer.mlp
-            qkv, qkv_cols = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
-            gate_up, gate_up_cols = _fuse([mlp.gate_proj, mlp.up_proj])
-            cols = qkv_cols[1:] + gate_up_cols[1:]
-            streamed += [qkv, attn.o_proj.packed, gate_up, mlp.down_proj.packed]
+            streamed += [[attn.q_proj.packed, attn.k_proj.packed, attn.v_proj.packed], [attn.o_proj.packed],
+                         [mlp.gate_proj.packed, mlp.up_proj.packed], [mlp.down_proj.packed]]
+        mlp0 = decoder.layers[0].mlp
+        cols = (_columns([first.q_proj, first.k_proj, first.v_proj])[1:]
+                + _columns([mlp0.gate_proj, mlp0.up_proj])[1:])  # where k, v and up start
         # every product's weights in one buffer, in the order the forward reads them, the head's last
-        streamed = arena.place(streamed + ([head.packed] if head is not None else []))
+        streamed = arena.place(streamed + ([[head.packed]] if head is not None else []))
         if head is not None:
             head.packed = streamed.pop()
         for layer, (qkv, o, gate_up, down) in zip(decoder.layers, zip(*[iter(streamed)] * 4)):

@@ -8,17 +8,19 @@ from specdec.kernels import arena
 from specdec.kernels.build import load_kernel
 
 
-def test_place_copies_exactly_in_order_on_cache_lines():
+def test_place_concatenates_each_group_exactly_in_order_on_cache_lines():
     tensors = [torch.randn(3, 5), torch.randn(7).to(torch.bfloat16), torch.arange(10, dtype=torch.int64).view(2, 5),
                torch.empty(0, 4)]
-    placed = arena.place(tensors)
-    assert [p.shape for p in placed] == [t.shape for t in tensors]
-    assert [p.dtype for p in placed] == [t.dtype for t in tensors]
+    parts = [torch.randn(2, 3, 4), torch.randn(5, 3, 4)]
+    placed = arena.place([[t] for t in tensors] + [parts])
+    assert [p.shape for p in placed[:4]] == [t.shape for t in tensors]
+    assert [p.dtype for p in placed[:4]] == [t.dtype for t in tensors]
     assert all(torch.equal(p, t) for p, t in zip(placed, tensors))
+    assert torch.equal(placed[4], torch.cat(parts)) and placed[4].shape == (7, 3, 4)
     assert all(p.data_ptr() % arena.ALIGN == 0 for p in placed if p.numel())
-    starts = [p.data_ptr() for p in placed[:3]]
-    assert starts == sorted(starts) and placed[0].data_ptr() % arena.HUGE_PAGE == 0  # one buffer, in order
-    assert len({p.untyped_storage().data_ptr() for p in placed[:3]}) == 1
+    live = [p for p in placed if p.numel()]
+    assert [p.data_ptr() for p in live] == sorted(p.data_ptr() for p in live)  # one buffer, in order
+    assert placed[0].data_ptr() % arena.HUGE_PAGE == 0 and len({p.untyped_storage().data_ptr() for p in live}) == 1
     tensors[0].zero_()
     assert placed[0].abs().sum() > 0  # copies, not views of the originals
 
