@@ -58,3 +58,10 @@ def place(groups: list[list[torch.Tensor]]) -> list[torch.Tensor]:
         torch.cat(group, out=view)
         placed.append(view)
     return placed
+
+
+def place_packed(linears: list) -> None:
+    """The packed weights of these PackedLinear modules (specdec.kernels.linear) in one buffer, in the order
+    given: for a model on transformers' walk over specdec's products (the lean walk places its own)."""
+    for module, packed in zip(linears, place([[m.packed] for m in linears])):
+        module.packed = packed

@@ -109,6 +109,11 @@ class ModelRunner:
             self.packed_head = PackedLinear(self.head_weight, None)
         self.lean = lean.build(model, self.decoder, self.linear_kernel, self.attention_kernel, config.lean_forward,
                                self.packed_head)
+        if self.lean is None and self.linear_kernel.kernel == "specdec":  # the lean walk placed its own
+            from specdec.kernels import arena
+
+            arena.place_packed([m for m in model.modules() if isinstance(m, PackedLinear)]
+                               + ([self.packed_head] if self.packed_head is not None else []))
         # greedy picks on the calling thread in AVX-512 (specdec/kernels/argmax.cpp), where specdec's kernels run
         self.argmax_kernel = load_kernel().rows_avx512 if self.linear_kernel.kernel == "specdec" else None
         self.graphs = None

@@ -47,3 +47,26 @@ def test_a_lean_runners_products_and_head_share_one_buffer(tiny_target):
     assert len({p.untyped_storage().data_ptr() for p in packed}) == 1
     starts = [p.data_ptr() for p in packed]
     assert starts == sorted(starts)  # the order a forward reads them, the head last
+
+
+def test_a_model_on_transformers_walk_reads_its_products_from_one_buffer(tmp_path):
+    if load_kernel().module is None:
+        import pytest
+        pytest.skip("the kernels did not build here")
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from specdec import Engine, SamplingParams
+    from specdec.kernels.linear import PackedLinear
+
+    torch.manual_seed(0)  # Qwen2's q / k / v have biases: the lean walk refuses it, transformers' walk runs it
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, use_sliding_window=False,
+                                 tie_word_embeddings=False)).save_pretrained(tmp_path)
+    prompt, params = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6], SamplingParams(max_new_tokens=24, ignore_eos=True)
+    plain = Engine.from_pretrained(target=str(tmp_path), drafter="none")
+    runner = plain.runner
+    assert runner.lean is None and runner.linear_kernel.kernel == "specdec"
+    linears = [m for m in runner.model.modules() if isinstance(m, PackedLinear)] + [runner.packed_head]
+    assert len({m.packed.untyped_storage().data_ptr() for m in linears}) == 1
+    expected = plain.generate(prompt, params).token_ids
+    assert Engine.from_pretrained(target=str(tmp_path), drafter="ngram").generate(prompt, params).token_ids == expected
