@@ -28,6 +28,8 @@ ALIGN = 64  # each tensor starts on a cache line: rowgemm's tiles are read as wh
 def buffer(num_bytes: int) -> torch.Tensor:
     """[num_bytes] uint8, starting on a 2 MB boundary, asked to be backed by huge pages where the OS
     has them (anonymous memory: never written to disk, freed with the last tensor viewing it)."""
+    if not hasattr(mmap, "MAP_ANONYMOUS"):  # not a POSIX system: one buffer of the allocator's pages
+        return _aligned(torch.empty(num_bytes + HUGE_PAGE, dtype=torch.uint8), num_bytes)
     region = mmap.mmap(-1, num_bytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
     if advice is not None:
@@ -35,7 +37,11 @@ def buffer(num_bytes: int) -> torch.Tensor:
             region.madvise(advice)
         except OSError as exc:  # a kernel without THP: one buffer all the same
             log.debug("huge pages not granted: %s", exc)
-    whole = torch.frombuffer(region, dtype=torch.uint8)  # keeps the mapping alive as long as any view of it
+    return _aligned(torch.frombuffer(region, dtype=torch.uint8), num_bytes)  # keeps the mapping alive with its views
+
+
+def _aligned(whole: torch.Tensor, num_bytes: int) -> torch.Tensor:
+    """num_bytes of `whole` from its first 2 MB boundary (whole holds at least num_bytes + HUGE_PAGE)."""
     start = -whole.data_ptr() % HUGE_PAGE
     return whole[start:start + num_bytes]
 

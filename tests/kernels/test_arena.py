@@ -2,6 +2,9 @@
 runner's products and LM head all read from it."""
 from __future__ import annotations
 
+import mmap
+
+import pytest
 import torch
 
 from specdec.kernels import arena
@@ -25,7 +28,10 @@ def test_place_concatenates_each_group_exactly_in_order_on_cache_lines():
     assert placed[0].abs().sum() > 0  # copies, not views of the originals
 
 
-def test_buffer_outlives_its_mapping_object():
+@pytest.mark.parametrize("anonymous_maps", [True, False], ids=["mmap", "allocator"])
+def test_buffer_is_aligned_and_outlives_its_mapping_object(anonymous_maps, monkeypatch):
+    if not anonymous_maps:  # a system without anonymous mmap: torch's allocator, aligned all the same
+        monkeypatch.delattr(mmap, "MAP_ANONYMOUS", raising=False)
     view = arena.buffer(3 << 20)[:100]
     view.fill_(3)
     assert int(view.sum()) == 300 and view.data_ptr() % arena.HUGE_PAGE == 0
@@ -33,7 +39,6 @@ def test_buffer_outlives_its_mapping_object():
 
 def test_a_lean_runners_products_and_head_share_one_buffer(tiny_target):
     if load_kernel().module is None:
-        import pytest
         pytest.skip("the kernels did not build here")
     from specdec.models.loader import load_model
     from specdec.models.runner import ModelRunner, RunnerConfig
@@ -51,7 +56,6 @@ def test_a_lean_runners_products_and_head_share_one_buffer(tiny_target):
 
 def test_a_model_on_transformers_walk_reads_its_products_from_one_buffer(tmp_path):
     if load_kernel().module is None:
-        import pytest
         pytest.skip("the kernels did not build here")
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
