@@ -64,12 +64,14 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-# Modules whose tests assert wall-clock bounds (a refusal "at once", an inter-token gap, a draft wait).
-# `make test` runs every other module two at a time (pytest-xdist, one file per worker) and these
-# afterwards, alone, so a neighbour's import or forward cannot eat their budget.
+# Modules whose tests assert wall-clock bounds (a refusal "at once", an inter-token gap, a draft wait), or
+# start something whose own deadline is fixed (a Ray node's raylet must register within Ray's hard-coded
+# 30 s: beside another module's forwards on 2 cores it once did not). `make test` runs every other module
+# two at a time (pytest-xdist, one file per worker) and these afterwards, alone, so a neighbour's import or
+# forward cannot eat their budget.
 SERIAL_MODULES = frozenset({
     "test_admission_flood", "test_chunked_prefill", "test_draft_death", "test_hostile_inputs",
-    "test_router_batching", "test_step_faults", "test_router_admission", "test_drain",
+    "test_router_batching", "test_step_faults", "test_router_admission", "test_drain", "test_deploy_ray",
 })
 
 
