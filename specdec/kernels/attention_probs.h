@@ -81,6 +81,36 @@ AVX512 inline __m512 add_by_ordinal(__m512 total, __m512 e, __mmask16 nz, int64_
   return _mm512_mask_add_ps(total, into, total, _mm512_permutexvar_ps(from, _mm512_maskz_compress_ps(nz, e)));
 }
 
+// bf16 with AVX512-BF16 and d a multiple of 32: every pair's raw scores of keys [0, most) by dot-pairs
+// (attention_simd.h), taken as the widened path takes its own; w.qf holds each pair's query as bf16 pairs.
+SPECDEC_AVX512_BF16 void unit_pair_scores(const Call<at::BFloat16>& c, const Unit& u, Scratch& w, int64_t stride,
+                                          int64_t most, const at::BFloat16* keys) {
+  const int64_t pairs = u.rows * u.heads, d = c.d;
+  __m512* const kt = w.kt.data();
+  for (int64_t j = 0; j < most; j += 16) {  // 16 keys read (and transposed) once, scored for every pair
+    key_pairs_across_lanes(keys + j * c.k_row, c.k_row, std::min<int64_t>(16, most - j), d, kt, most - j);
+    __m512 s[6];
+    for (int64_t p = 0; p < pairs;) {
+      const int64_t group = std::min<int64_t>(6, pairs - p);
+      const auto* q = reinterpret_cast<const uint32_t*>(w.qf.data() + p * d);  // a pair's row: d floats of room
+      switch (group) {
+        case 1: scores16_pairs<1>(q, d, kt, d / 2, s); break;
+        case 2: scores16_pairs<2>(q, d, kt, d / 2, s); break;
+        case 3: scores16_pairs<3>(q, d, kt, d / 2, s); break;
+        case 4: scores16_pairs<4>(q, d, kt, d / 2, s); break;
+        case 5: scores16_pairs<5>(q, d, kt, d / 2, s); break;
+        default: scores16_pairs<6>(q, d, kt, d / 2, s); break;
+      }
+      for (int64_t g = 0; g < group; ++g, ++p) take_scores<at::BFloat16>(c, u, w, stride, j, p, s[g]);
+    }
+  }
+}
+
+inline bool cpu_dot_pairs() {
+  static const bool ok = __builtin_cpu_supports("avx512bf16");
+  return ok;
+}
+
 // Every pair's unnormalized probabilities exp(q . k_j * scale + mask_j - max) into w.probs, zero from its
 // own visible count up to the unit's largest, which is returned (AMX: the scaled scores, and the max).
 template <typename T>
@@ -89,11 +119,14 @@ AVX512 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t s
   const T* keys = c.keys() + u.b * c.k_b + u.g * c.k_g;
   __m512* const top16 = w.top16.data();
   __m512* const kt = w.kt.data();
+  const bool dot_pairs = std::is_same<T, at::BFloat16>::value && !amx && d % 32 == 0 && cpu_dot_pairs();
   int64_t most = 0;
   for (int64_t p = 0; p < pairs; ++p) {
     const int64_t i = u.row0 + p / u.heads, h = u.g * c.group + u.head0 + p % u.heads;
     const T* qp = c.queries() + c.q_at(u.b, h, i);
-    if (!amx)
+    if (dot_pairs)
+      std::memcpy(w.qf.data() + p * d, qp, d * sizeof(T));  // as bf16 pairs, half of its row
+    else if (!amx)
       for (int64_t ch = 0; ch < c.chunks; ++ch) _mm512_storeu_ps(w.qf.data() + p * d + 16 * ch, load16(qp + 16 * ch));
     w.visible[p] = c.visible(i);
     if (c.mask != nullptr)
@@ -122,7 +155,10 @@ AVX512 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t s
       }
     }
   }
-  for (int64_t j = 0; !amx && j < most; j += 16) {  // 16 keys read (and transposed) once, scored for every pair
+  if constexpr (std::is_same<T, at::BFloat16>::value) {
+    if (dot_pairs) unit_pair_scores(c, u, w, stride, most, keys);
+  }
+  for (int64_t j = 0; !amx && !dot_pairs && j < most; j += 16) {  // 16 keys read (and transposed) once, scored for every pair
     const int64_t count = std::min<int64_t>(16, most - j);
     keys_across_lanes<T>(keys + j * c.k_row, c.k_row, count, c.chunks, kt, most - j);
     __m512 s[6];

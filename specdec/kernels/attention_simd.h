@@ -130,6 +130,51 @@ SPECDEC_AVX512 inline __attribute__((always_inline)) void scores16(const float* 
   for (int g = 0; g < G; ++g) s[g] = _mm512_add_ps(_mm512_add_ps(a[g][0], a[g][1]), _mm512_add_ps(a[g][2], a[g][3]));
 }
 
+// bf16 scores by dot-pairs (AVX512-BF16): VDPBF16PS adds a pair of dims' two exact products to a float32
+// lane, so a key's score takes half the multiply instructions, and its keys half the transposes, of the
+// widened path above. A CPU with AVX512-BF16 takes this path for every bf16 call with d a multiple of 32
+// (one row or many: its rows stay invariant among themselves; other CPUs keep the widened path's bits).
+#define SPECDEC_AVX512_BF16 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma,avx512bf16")))
+
+// A block of keys across lanes as pairs: kt[i] lane e = key e's dims (2i, 2i + 1), two bf16 in one 32-bit
+// lane, for keys e < count (count <= 16; lanes past it 0); d a multiple of 32. ahead: as keys_across_lanes.
+SPECDEC_AVX512_BF16 inline void key_pairs_across_lanes(const at::BFloat16* k, int64_t k_row, int64_t count, int64_t d,
+                                                       __m512* kt, int64_t ahead) {
+  constexpr int64_t AHEAD = 64;
+  for (int e = 0; e < 16 && e + AHEAD < ahead; ++e) prefetch_row(k + (e + AHEAD) * k_row, d * 2);
+  for (int64_t c = 0; c < d / 32; ++c) {
+    __m512 r[16];
+    for (int e = 0; e < 16; ++e)
+      r[e] = e < count ? _mm512_castsi512_ps(_mm512_loadu_si512(k + e * k_row + 32 * c)) : _mm512_setzero_ps();
+    transpose16(r);  // 32-bit lanes: a pair moves as one
+    for (int e = 0; e < 16; ++e) kt[16 * c + e] = r[e];
+  }
+}
+
+// Scores of 16 keys (kt: key pairs across lanes, `pairs` vectors) for G queries (q: their bf16 pairs as
+// 32-bit words, q_stride words apart): four chains from zero over the pairs (pair mod 4), then (c0 + c1) +
+// (c2 + c3). A key's score depends on its values and the query's alone: row invariance, as scores16.
+template <int G>
+SPECDEC_AVX512_BF16 inline __attribute__((always_inline)) void scores16_pairs(const uint32_t* q, int64_t q_stride,
+                                                                              const __m512* kt, int64_t pairs,
+                                                                              __m512* s) {
+  __m512 a[G][4];
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < 4; ++c) a[g][c] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < pairs; i += 4) {
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const __m512bh kc = (__m512bh)_mm512_castps_si512(kt[i + c]);
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g)
+        a[g][c] = _mm512_dpbf16_ps(a[g][c], (__m512bh)_mm512_set1_epi32(static_cast<int>(q[g * q_stride + i + c])), kc);
+    }
+  }
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g) s[g] = _mm512_add_ps(_mm512_add_ps(a[g][0], a[g][1]), _mm512_add_ps(a[g][2], a[g][3]));
+}
+
 // Whether none of G pairs' probabilities of keys [j0, j1) is 0 (probs: G rows, stride apart).
 SPECDEC_AVX512 inline bool none_zero(const float* probs, int64_t stride, int64_t G, int64_t j0, int64_t j1) {
   for (int64_t g = 0; g < G; ++g)
