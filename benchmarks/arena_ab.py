@@ -13,8 +13,6 @@ import argparse
 import statistics
 import sys
 
-import torch
-
 from forward_cost import filled_cache, runner_config, time_forward  # beside this script in benchmarks/
 from specdec.bench.machine import cpu_info
 from specdec.kernels import arena
@@ -33,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     place, runners = arena.place, {}
     try:
         for name in ("separate", "one buffer"):
-            arena.place = place if name == "one buffer" else (lambda groups: [torch.cat(g) for g in groups])
+            arena.place = place if name == "one buffer" else (lambda tensors: [t.clone() for t in tensors])
             runners[name] = ModelRunner(load_model(None, DTYPES[args.dtype]).model, config=runner_config("specdec"))
     finally:
         arena.place = place

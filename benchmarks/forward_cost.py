@@ -161,9 +161,9 @@ def measure(args: argparse.Namespace) -> dict:
             "repeats": args.repeats, "results": results}
 
 
-def floor_with_kv_ms(report: dict, dtype: str, context: int, batch: int) -> float:
-    """The weights' floor plus the KV cache a one-row forward reads (context + 1 tokens per sequence)."""
-    return report["floor_ms"][dtype] + report["kv_ms_per_token"][dtype] * (context + 1) * batch
+def floor_with_kv_ms(report: dict, dtype: str, context: int, batch: int, rows: int = 1) -> float:
+    """The weights' floor plus the KV cache a forward of `rows` new tokens reads (context + rows per sequence)."""
+    return report["floor_ms"][dtype] + report["kv_ms_per_token"][dtype] * (context + rows) * batch
 
 
 def floor_ms(report: dict, result: dict) -> float | None:
@@ -172,8 +172,7 @@ def floor_ms(report: dict, result: dict) -> float | None:
     peak = report.get("peak_gflops", {}).get(result["dtype"])
     if not peak or "gflop" not in result:
         return None
-    dtype = result["dtype"]
-    stream = report["floor_ms"][dtype] + report["kv_ms_per_token"][dtype] * (result["context"] + result["rows"]) * result["batch"]
+    stream = floor_with_kv_ms(report, result["dtype"], result["context"], result["batch"], result["rows"])
     return max(stream, result["gflop"] / peak * 1e3)
 
 

@@ -46,28 +46,26 @@ def _aligned(whole: torch.Tensor, num_bytes: int) -> torch.Tensor:
     return whole[start:start + num_bytes]
 
 
-def place(groups: list[list[torch.Tensor]]) -> list[torch.Tensor]:
-    """One tensor per group: its tensors (one dtype, the same trailing shape) concatenated along dim 0,
-    written straight into one buffer (no intermediate copy: loading a model holds its weights twice at
-    most), the groups one after another in the order given, each on a cache-line boundary."""
+def place(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of `tensors` (same shapes, dtypes and values, contiguous), one after another in one buffer,
+    each on a cache-line boundary, in the order given (the order a forward reads them)."""
     offsets, total = [], 0
-    for group in groups:
+    for t in tensors:
         total = -(-total // ALIGN) * ALIGN
         offsets.append(total)
-        total += sum(t.numel() for t in group) * group[0].element_size()
+        total += t.nbytes
     memory = buffer(max(total, 1))
     placed = []
-    for group, at in zip(groups, offsets):
-        first = group[0]
-        size = sum(t.numel() for t in group) * first.element_size()
-        view = memory[at:at + size].view(first.dtype).view(sum(t.shape[0] for t in group), *first.shape[1:])
-        torch.cat(group, out=view)
+    for t, at in zip(tensors, offsets):
+        view = memory[at:at + t.nbytes].view(t.dtype).view(t.shape)
+        view.copy_(t)
         placed.append(view)
     return placed
 
 
 def place_packed(linears: list) -> None:
     """The packed weights of these PackedLinear modules (specdec.kernels.linear) in one buffer, in the order
-    given: for a model on transformers' walk over specdec's products (the lean walk places its own)."""
-    for module, packed in zip(linears, place([[m.packed] for m in linears])):
+    given. A packed weight is whole 128-byte tile rows, so consecutive ones lie back to back (the lean walk
+    then views q|k|v and gate|up as one weight each, without a copy)."""
+    for module, packed in zip(linears, place([m.packed for m in linears])):
         module.packed = packed

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from specdec.kernels import arena, attention
+from specdec.kernels import attention
 from specdec.kernels.build import load_kernel
 from specdec.kernels.linear import FusedRMSNorm, KernelChoice, PackedLinear
 from specdec.kernels.packing import TILE
@@ -57,30 +57,34 @@ def why_not(model: torch.nn.Module, decoder: torch.nn.Module, kernel: KernelChoi
     return ""
 
 
-def _columns(parts: list[PackedLinear]) -> list[int]:
-    """Each part's first output column in the packed weight of several layers reading the same input
-    (their tiles one after another)."""
-    cols, tile = [], 0
+def _fuse(parts: list[PackedLinear]) -> tuple[torch.Tensor, list[int]]:
+    """One packed weight for several layers reading the same input (their tiles one after another) and
+    each part's first output column in it. Parts lying back to back in memory (the runner placed them so:
+    specdec.kernels.arena) are viewed as one; others are concatenated, and their own buffers become views
+    of the result: no second copy either way."""
+    first = parts[0].packed
+    cols, tile, end = [], 0, first.data_ptr()
+    adjacent = True
     for p in parts:
         cols.append(tile * TILE)
         tile += p.packed.shape[0]
-    return cols
-
-
-def _view_parts(fused: torch.Tensor, parts: list[PackedLinear]) -> None:
-    """The parts' own buffers become views of their fused weight: no second copy."""
-    tile = 0
+        adjacent = adjacent and p.packed.is_contiguous() and p.packed.data_ptr() == end
+        end = p.packed.data_ptr() + p.packed.nbytes
+    if adjacent:  # a view of the storage they share, from the first part's start
+        return first.as_strided((tile, *first.shape[1:]), first.stride()), cols
+    fused = torch.cat([p.packed for p in parts])  # [tiles, ...]
+    at = 0
     for p in parts:
         count = p.packed.shape[0]
-        p.packed = fused[tile:tile + count]
-        tile += count
+        p.packed = fused[at:at + count]
+        at += count
+    return fused, cols
 
 
 class LeanForward:
     """The decoder of a model `why_not` accepts, as one LeanStack call per forward."""
 
-    def __init__(self, model: torch.nn.Module, decoder: torch.nn.Module, head: PackedLinear | None = None):
-        """head: the packed LM head, whose weights go last in the forward's one buffer (specdec.kernels.arena)."""
+    def __init__(self, model: torch.nn.Module, decoder: torch.nn.Module):
         config = model.config
         self.decoder = decoder
         self.team = TeamPolicy()  # one thread or all of torch's, by measured cost
@@ -88,25 +92,14 @@ class LeanForward:
         self.head_dim = first.head_dim
         self.num_heads = first.q_proj.out_features // self.head_dim
         self.num_kv_heads = first.k_proj.out_features // self.head_dim
-        weights, streamed = [], []
-        for layer in decoder.layers:  # q|k|v and gate|up each one packed weight, their tiles one after another
+        weights, cols = [], None
+        for layer in decoder.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            streamed += [[attn.q_proj.packed, attn.k_proj.packed, attn.v_proj.packed], [attn.o_proj.packed],
-                         [mlp.gate_proj.packed, mlp.up_proj.packed], [mlp.down_proj.packed]]
-        mlp0 = decoder.layers[0].mlp
-        cols = (_columns([first.q_proj, first.k_proj, first.v_proj])[1:]
-                + _columns([mlp0.gate_proj, mlp0.up_proj])[1:])  # where k, v and up start
-        # every product's weights in one buffer, in the order the forward reads them, the head's last
-        streamed = arena.place(streamed + ([[head.packed]] if head is not None else []))
-        if head is not None:
-            head.packed = streamed.pop()
-        for layer, (qkv, o, gate_up, down) in zip(decoder.layers, zip(*[iter(streamed)] * 4)):
-            attn, mlp = layer.self_attn, layer.mlp
-            _view_parts(qkv, [attn.q_proj, attn.k_proj, attn.v_proj])
-            _view_parts(gate_up, [mlp.gate_proj, mlp.up_proj])
-            attn.o_proj.packed, mlp.down_proj.packed = o, down
-            weights += [layer.input_layernorm.original.weight, qkv, o,
-                        layer.post_attention_layernorm.original.weight, gate_up, down]
+            qkv, qkv_cols = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+            gate_up, gate_up_cols = _fuse([mlp.gate_proj, mlp.up_proj])
+            cols = qkv_cols[1:] + gate_up_cols[1:]
+            weights += [layer.input_layernorm.original.weight, qkv, attn.o_proj.packed,
+                        layer.post_attention_layernorm.original.weight, gate_up, mlp.down_proj.packed]
         eps = decoder.norm.original.variance_epsilon
         self.stack = load_kernel().module.LeanStack(
             weights, decoder.norm.original.weight, self.num_heads, self.num_kv_heads, self.head_dim,
@@ -156,11 +149,10 @@ class LeanForward:
 
 
 def build(model: torch.nn.Module, decoder: torch.nn.Module, kernel: KernelChoice, attention_on: bool,
-          wanted: bool, head: PackedLinear | None = None) -> LeanForward | None:
-    """The lean forward for this model, or None (transformers' walk), said once per model; head: the
-    packed LM head, placed with the decoder's weights."""
+          wanted: bool) -> LeanForward | None:
+    """The lean forward for this model, or None (transformers' walk), said once per model."""
     reason = "not asked for" if not wanted else why_not(model, decoder, kernel, attention_on)
-    lean = LeanForward(model, decoder, head) if not reason else None
+    lean = LeanForward(model, decoder) if not reason else None
     said = reason or "on"
     if getattr(model, "_specdec_lean_forward", None) != said:
         log.info("lean forward: %s", said if not reason else f"transformers' walk ({reason})")

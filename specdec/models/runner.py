@@ -72,7 +72,7 @@ class ModelRunner:
         drafted and q is exactly what the drafter samples from. None = the full vocabulary.
         config.kv_cache: "static" (preallocated, committed by index bookkeeping:
         specdec.models.static_cache) or "dynamic" (transformers' DynamicCache, grown by concatenation)."""
-        from specdec.kernels import attention, lean
+        from specdec.kernels import arena, attention, lean
         from specdec.models import rotary
         from specdec.kernels.linear import PackedLinear, install
 
@@ -107,13 +107,10 @@ class ModelRunner:
         self.packed_head = None  # the head's weight packed for rowgemm: logits straight in float32
         if self.head_weight is not None and self.linear_kernel.kernel == "specdec":
             self.packed_head = PackedLinear(self.head_weight, None)
-        self.lean = lean.build(model, self.decoder, self.linear_kernel, self.attention_kernel, config.lean_forward,
-                               self.packed_head)
-        if self.lean is None and self.linear_kernel.kernel == "specdec":  # the lean walk placed its own
-            from specdec.kernels import arena
-
-            arena.place_packed([m for m in model.modules() if isinstance(m, PackedLinear)]
+        if self.linear_kernel.kernel == "specdec":  # every packed weight in one buffer, in the order a forward reads
+            arena.place_packed([m for m in model.modules() if isinstance(m, PackedLinear)]  # q, k, v, o, gate, up, ...
                                + ([self.packed_head] if self.packed_head is not None else []))
+        self.lean = lean.build(model, self.decoder, self.linear_kernel, self.attention_kernel, config.lean_forward)
         # greedy picks on the calling thread in AVX-512 (specdec/kernels/argmax.cpp), where specdec's kernels run
         self.argmax_kernel = load_kernel().rows_avx512 if self.linear_kernel.kernel == "specdec" else None
         self.graphs = None

@@ -205,7 +205,7 @@ class SpeculationPolicy:
         steps, or for the probe interval when probes have found drafting unprofitable (at a batch of 32 with
         nothing accepted, a node per sequence every 32 steps cost 3% of plain speed)."""
         interval = max(self.batch.config.explore_interval, self.batch.probe_interval)
-        return self.batch.ragged and self.idle.get(key, 0) >= interval
+        return self.batch.chose_each and self.idle.get(key, 0) >= interval
 
     def _own_cut(self, key: str, tree: DraftTree, agree) -> DraftTree:
         """A scored tree cut to the nodes its sequence's controller finds worth verifying."""

@@ -138,7 +138,7 @@ class BatchBudget:
         self.probe_gain = 0.0  # ... and the tokens the probed nodes are expected to give
         self.num_choices = 0
         self.alone = False  # the last step was one adaptive sequence's (SpeculationPolicy.allocate): its own choice
-        self.ragged = False  # the last choice was choose_each's
+        self.chose_each = False  # the last choice was choose_each's (its per-tree counts), not choose's one R
 
     def cap(self) -> int:
         """Most nodes the next step will verify per sequence (0 = do not draft, NO_CAP = no limit).
@@ -164,8 +164,10 @@ class BatchBudget:
         if not self.config.enabled or max_nodes == 0:
             return NO_CAP
         self.num_choices += 1
-        self.ragged = False
-        gains = [batch + sum(sum(order[:r]) for order in orders) for r in range(max_nodes + 1)]
+        self.chose_each = False
+        gains = [float(batch)]  # gains[r]: the batch's expected tokens when every tree keeps its first r nodes
+        for r in range(max_nodes):
+            gains.append(gains[-1] + sum(order[r] for order in orders if r < len(order)))
         costs = self.estimate_many(batch, [batch * (r + 1) for r in range(max_nodes + 1)])
         best_r, best_rate, plain_rate = _best(gains, costs)
         if plain_rate is not None and best_rate < self.config.min_gain * plain_rate:
@@ -176,7 +178,7 @@ class BatchBudget:
         elif self.steps_since_probe + 1 >= self.probe_interval and best_r < max_nodes:
             self.probe_expected = best_rate or 0.0
             best_r = min(best_r + probe, max_nodes)
-            self.probe_gain = batch + sum(sum(order[:best_r]) for order in orders)
+            self.probe_gain = gains[best_r]
         self.last_budget = NO_CAP if best_r >= max_nodes else best_r
         return best_r
 
@@ -194,7 +196,7 @@ class BatchBudget:
         if not self.config.enabled or not ranked:
             return [len(order) for order in orders]
         self.num_choices += 1
-        self.ragged = True
+        self.chose_each = True
         gains = [float(batch)]
         for p, _, _ in ranked:
             gains.append(gains[-1] - p)

@@ -56,7 +56,9 @@ def test_a_forwards_floor_is_the_larger_roof():
 def test_the_arithmetic_peak_is_a_rate(bf16):
     module = load_kernel().module
     rate = module.arith_peak(bf16, 200_000)
-    assert math.isfinite(rate) and rate > 1.0  # GFLOP/s: even one AVX2 core at 1 GHz does 32
+    # GFLOP/s: even one AVX2 core at 1 GHz does 32, and no CPU of a few cores does 100,000 (a loop the
+    # compiler had dropped would report about that: the work counted, none of its time spent)
+    assert math.isfinite(rate) and 1.0 < rate < 1e5
     with pytest.raises(RuntimeError, match="iters > 0"):
         module.arith_peak(bf16, 0)
     assert import_benchmark("roofline").arith_peak_gflops(torch.bfloat16 if bf16 else torch.float32, samples=1) > 1.0

@@ -11,15 +11,13 @@ from specdec.kernels import arena
 from specdec.kernels.build import load_kernel
 
 
-def test_place_concatenates_each_group_exactly_in_order_on_cache_lines():
+def test_place_copies_exactly_in_order_on_cache_lines():
     tensors = [torch.randn(3, 5), torch.randn(7).to(torch.bfloat16), torch.arange(10, dtype=torch.int64).view(2, 5),
                torch.empty(0, 4)]
-    parts = [torch.randn(2, 3, 4), torch.randn(5, 3, 4)]
-    placed = arena.place([[t] for t in tensors] + [parts])
-    assert [p.shape for p in placed[:4]] == [t.shape for t in tensors]
-    assert [p.dtype for p in placed[:4]] == [t.dtype for t in tensors]
+    placed = arena.place(tensors)
+    assert [p.shape for p in placed] == [t.shape for t in tensors]
+    assert [p.dtype for p in placed] == [t.dtype for t in tensors]
     assert all(torch.equal(p, t) for p, t in zip(placed, tensors))
-    assert torch.equal(placed[4], torch.cat(parts)) and placed[4].shape == (7, 3, 4)
     assert all(p.data_ptr() % arena.ALIGN == 0 for p in placed if p.numel())
     live = [p for p in placed if p.numel()]
     assert [p.data_ptr() for p in live] == sorted(p.data_ptr() for p in live)  # one buffer, in order
@@ -52,6 +50,10 @@ def test_a_lean_runners_products_and_head_share_one_buffer(tiny_target):
     assert len({p.untyped_storage().data_ptr() for p in packed}) == 1
     starts = [p.data_ptr() for p in packed]
     assert starts == sorted(starts)  # the order a forward reads them, the head last
+    # q|k|v is one weight viewed over its three parts, lying back to back: no copy of them
+    attn = layers[0].self_attn
+    assert attn.k_proj.packed.data_ptr() == attn.q_proj.packed.data_ptr() + attn.q_proj.packed.nbytes
+    assert attn.v_proj.packed.data_ptr() == attn.k_proj.packed.data_ptr() + attn.k_proj.packed.nbytes
 
 
 def test_a_model_on_transformers_walk_reads_its_products_from_one_buffer(tmp_path):
