@@ -86,20 +86,29 @@ SPECDEC_AVX512 inline __attribute__((always_inline)) void transpose16(__m512* r)
   }
 }
 
-// One row of `bytes` into L1, a line at a time: a key or value row some blocks ahead, asked for a row per
+// How far ahead the key and value streams are asked for, in bytes of rows (a head's keys or values are
+// contiguous rows of d elements). Into L2, not L1: the streams come from memory in a forward (its layers'
+// caches are read once each, after megabytes of weights), and L2 requests are not held back by L1's few
+// line-fill buffers. Attention alone over cold caches (benchmarks/attention_cost.py --threads 2 --layers 48
+// --repeats 300, AMD EPYC, two rounds each, medians; against 64 rows ahead into L1), 1,024 cached: float32
+// 1 / 8 / 16 rows 132-134 / 214-218 / 325-334 -> 119-134 / 167-174 / 266-275 us, bf16 8 / 16 rows 118-125 /
+// 216-221 -> 112-121 / 200-204, bf16 one row 53-57 -> 56; 256 cached: float32 16 rows 81-97 -> 75-77.
+constexpr int64_t KV_AHEAD_BYTES = 16384;
+
+// One row of `bytes` into L2, a line at a time: a key or value row KV_AHEAD_BYTES ahead, asked for a row per
 // row worked on (a whole block asked at once filled the line-fill buffers and stalled the loop).
 template <typename T>
 SPECDEC_AVX512 inline void prefetch_row(const T* row, int64_t bytes) {
-  for (int64_t at = 0; at < bytes; at += 64) _mm_prefetch(reinterpret_cast<const char*>(row) + at, _MM_HINT_T0);
+  for (int64_t at = 0; at < bytes; at += 64) _mm_prefetch(reinterpret_cast<const char*>(row) + at, _MM_HINT_T1);
 }
 
 // A block of keys across lanes: kt[dd] lane e = k[e][dd] for keys e < count (count <= 16; lanes past it 0).
-// ahead: that many keys on from k are there to prefetch (the block AHEAD keys on, row by row).
+// ahead: that many keys on from k are there to prefetch (the block KV_AHEAD_BYTES on, row by row).
 template <typename T>
 SPECDEC_AVX512 void keys_across_lanes(const T* k, int64_t k_row, int64_t count, int64_t chunks, __m512* kt,
                                       int64_t ahead) {
-  constexpr int64_t AHEAD = 64;
-  for (int e = 0; e < 16 && e + AHEAD < ahead; ++e) prefetch_row(k + (e + AHEAD) * k_row, chunks * 16 * int64_t{sizeof(T)});
+  const int64_t row_bytes = chunks * 16 * int64_t{sizeof(T)}, AHEAD = KV_AHEAD_BYTES / row_bytes;
+  for (int e = 0; e < 16 && e + AHEAD < ahead; ++e) prefetch_row(k + (e + AHEAD) * k_row, row_bytes);
   for (int64_t c = 0; c < chunks; ++c) {
     __m512 r[16];
     for (int e = 0; e < 16; ++e) r[e] = e < count ? load16(k + e * k_row + 16 * c) : _mm512_setzero_ps();
@@ -140,7 +149,7 @@ SPECDEC_AVX512 inline __attribute__((always_inline)) void scores16(const float* 
 // lane, for keys e < count (count <= 16; lanes past it 0); d a multiple of 32. ahead: as keys_across_lanes.
 SPECDEC_AVX512_BF16 inline void key_pairs_across_lanes(const at::BFloat16* k, int64_t k_row, int64_t count, int64_t d,
                                                        __m512* kt, int64_t ahead) {
-  constexpr int64_t AHEAD = 64;
+  const int64_t AHEAD = KV_AHEAD_BYTES / (d * 2);
   for (int e = 0; e < 16 && e + AHEAD < ahead; ++e) prefetch_row(k + (e + AHEAD) * k_row, d * 2);
   for (int64_t c = 0; c < d / 32; ++c) {
     __m512 r[16];
@@ -193,11 +202,12 @@ SPECDEC_AVX512 inline bool none_zero(const float* probs, int64_t stride, int64_t
 // no scalar chain beside them (attention alone, float32, 16 rows x 1,024 keys, one thread: 5-10% faster).
 // DENSE: the caller saw no p = 0 in the block, so every mask would be all ones and plain FMAs give the
 // same bits without the per-key test (most blocks: only a causal row's last keys and far tails are 0).
-// ahead: prefetch value row j + KEY_AHEAD while weighing row j, for rows before `ahead` (0: none).
+// ahead: prefetch value row j + KEY_AHEAD (KV_AHEAD_BYTES on) while weighing row j, for rows before `ahead`
+// (0: none).
 template <typename T, int CH, int GB, bool DENSE>
 SPECDEC_AVX512 void weigh_block(const float* probs, int64_t stride, const T* v, int64_t v_row, int64_t j0, int64_t j1,
                         float* acc, int64_t acc_stride, int64_t ahead) {
-  constexpr int64_t KEY_AHEAD = 64;
+  constexpr int64_t KEY_AHEAD = KV_AHEAD_BYTES / (CH * 16 * int64_t{sizeof(T)});
   __m512 a[GB][CH];
   for (int g = 0; g < GB; ++g)
     for (int c = 0; c < CH; ++c) a[g][c] = _mm512_loadu_ps(acc + g * acc_stride + 16 * c);
