@@ -9,7 +9,8 @@
 // the cache holds exactly m keys: a verify forward's rows equal one-token decode steps, which is what
 // greedy equality needs. (torch's CPU flash attention blocks queries and keys by the call's shape, so its
 // rows are not invariant.) bf16 with AMX scores and weighs on tiles instead (attention_amx.h), in an
-// order as fixed: by each pair's own ordinals of nonzero probabilities.
+// order as fixed: by each pair's own ordinals of nonzero probabilities; bf16 with AVX512-BF16 and no AMX
+// weighs by dot-pairs (attention_weigh_pairs.h), two keys a step, paired by the same ordinals.
 //
 // Tiled for many rows: a work unit is a block of (query row, head) pairs of one kv group (the GQA heads
 // sharing its keys x a run of rows; the threads share out rows, attention_units.h's rows_share). A block of
@@ -66,10 +67,15 @@ AVX512 void unit_output(const Call<T>& c, const Unit& u, const float* acc, const
   }
 }
 
+#include "attention_weigh_pairs.h"  // unit_weigh_pairs: bf16 values by dot-pairs (AVX512-BF16 without AMX)
+
 // out = sum_j p_j v_j / sum_j p_j for every pair of the unit, value rows in blocks of KEY_BLOCK (the sums
 // of p: unit_probs's).
 template <typename T>
 AVX512 void unit_weigh(const Call<T>& c, const Unit& u, Scratch& w, int64_t stride, int64_t most) {
+  if constexpr (std::is_same<T, at::BFloat16>::value) {
+    if (weighs_by_pairs(c.d)) return unit_weigh_pairs(c, u, w, stride, most);
+  }
   const int64_t pairs = u.rows * u.heads, d = c.d;
   std::fill(w.acc.begin(), w.acc.begin() + pairs * d, 0.0f);
   const T* values = c.values() + u.b * c.v_b + u.g * c.v_g;

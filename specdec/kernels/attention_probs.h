@@ -25,9 +25,11 @@ struct Scratch {
   std::vector<int64_t> mask_from;  // [pairs] where its row's mask may first be nonzero (keys before: all 0)
   std::vector<uint32_t> qt;      // AMX: [d / 2, pairs] the queries' dims in pairs, transposed
   std::vector<uint16_t> kpad;    // AMX: [16, d] a last block of fewer than 16 keys, zero-padded
+  std::vector<uint16_t> p16;     // dot-pair weighing: [pairs, stride] probabilities in bf16
+  std::vector<int64_t> carried;  // [pairs] a key waiting for its partner (-1: none)
   Scratch(int64_t pairs, int64_t stride, int64_t d)
       : kt(d), top16(pairs), st(64), qf(pairs * d), probs(pairs * stride), acc(pairs * d), sums(pairs),
-        visible(pairs), mask_from(pairs), qt(d / 2 * pairs), kpad(16 * d) {
+        visible(pairs), mask_from(pairs), qt(d / 2 * pairs), kpad(16 * d), p16(pairs * stride), carried(pairs) {
     std::fill(reinterpret_cast<float*>(st.data()), reinterpret_cast<float*>(st.data()) + 1024, 0.0f);
   }
 };

@@ -182,6 +182,29 @@ def test_rows_with_vanishing_probabilities_equal_one_row_calls(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_hiding_keys_at_different_places_equal_one_row_calls(dtype):
+    """Rows hide keys at their own places, so after the first block of 64 keys some rows have a key waiting
+    for its partner (key 63, or 62 where 63 is hidden) and some none, and a later block is not fully
+    weighed by every row (bf16 dot-pairs pair a row's keys by ordinal; a run that a row group shares must
+    take each row's own waiting key first): each row equals its one-row call over exactly its kept keys."""
+    gen = torch.Generator().manual_seed(11)
+    keys, rows = 300, 16
+    q = torch.randn(1, 9, rows, DIM, generator=gen).to(dtype)
+    k, v = (torch.randn(1, 3, keys, DIM, generator=gen).to(dtype) for _ in range(2))
+    mask = torch.zeros(1, 1, rows, keys)
+    for i in range(rows):
+        mask[..., i, 60 + i % 4] = float("-inf")  # 63 keys in the first block: key 63 waits, or 62 where 63 is hidden
+        mask[..., i, 3 * i] = float("-inf") if i >= 8 else 0.0  # two hidden: no key waits
+        if i % 4 >= 2:
+            mask[..., i, 130 + i] = float("-inf")  # a later block a row group does not share
+    together = attend_rows(q, k, v, mask)
+    for i in range(rows):
+        seen = (mask[0, 0, i] == 0).nonzero()[:, 0]
+        alone = attend_rows(q[:, :, i:i + 1], k[:, :, seen], v[:, :, seen])
+        assert torch.equal(together[0, i], alone[0, 0]), i
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_every_key_count_equals_a_longer_cache_masked(dtype):
     """Keys are scored up to 64 at a time (AMX: four blocks of 16 on tiles at once, a last partial block
     zero-padded): a call over m keys equals, bitwise, the call over 80 keys with the keys from m hidden."""
