@@ -7,6 +7,7 @@ import torch
 
 from specdec import Engine, SamplingParams
 from specdec.errors import InvalidArgument
+from specdec.kernels.attention import MAX_ROWS
 from specdec.models.loader import load_model
 from specdec.models.prefix_cache import BLOCK_TOKENS
 from specdec.models.runner import ModelRunner, RunnerConfig
@@ -42,6 +43,29 @@ def test_restored_entries_are_a_fresh_prefills_bitwise(tiny_target, dtype, chunk
     assert prefixes.num_hit_tokens == 2 * (len(OPENING) // BLOCK_TOKENS * BLOCK_TOKENS)  # the second and third
                                                                                        # prompts found the opening
     assert fresh.prefix_cache is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk", [None, 7, 256])
+def test_a_prompt_longer_than_the_attention_kernel_takes_restores_bitwise(tiny_target, dtype, chunk):
+    """A prompt past the attention kernel's rows per call (attention.MAX_ROWS) is prefilled in calls it takes,
+    so its keys and values do not depend on where prefill chunks or the restored opening cut it (sdpa's
+    rows depend on the call's shape: a long prompt's entries once differed with the opening restored, and
+    plain decoding of one prompt differed from itself)."""
+    cached, fresh = runners(tiny_target, dtype)
+    assert cached.attention_kernel
+    tail = [44 + (7 * i) % 40 for i in range(2 * MAX_ROWS + 30)]
+    for _ in range(2):  # the second time the opening is restored
+        prompt = OPENING + tail
+        got = Sequence(cached, prompt, GREEDY, prefill=False)
+        while not got.prefilled:
+            got.prefill_chunk(chunk)
+        want = Sequence(fresh, prompt, GREEDY)
+        n = len(prompt) - 1
+        same_entries = torch.equal(got.cache.store[..., :n, :], want.cache.store[..., :n, :])
+        same_hidden = torch.equal(got.hidden, want.hidden)
+        assert same_entries and same_hidden, f"entries equal: {same_entries}, last hidden state equal: {same_hidden}"
+    assert cached.prefix_cache.num_hit_tokens > 0
 
 
 def test_generations_equal_with_and_without_the_cache(smol_path):

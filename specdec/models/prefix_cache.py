@@ -7,9 +7,12 @@ own cache and prefills only the rest: less time to first token, and fewer prefil
 decode loop's turn from the sequences already decoding.
 
 Exact. The key and value at position i are a function of tokens 0..i alone: every kernel is row-
-invariant (a row's result does not depend on the rows beside it) and a prefill row sees exactly the
-cached keys before it, so entries copied from another prompt with the same opening are bitwise the
-ones this sequence would have computed (tests/test_prefix_cache.py checks the stores and the outputs).
+invariant (a row's result does not depend on the rows beside it; the runner prefills a prompt longer
+than the attention kernel takes in calls it does take, since sdpa's rows are not) and a prefill row sees
+exactly the cached keys before it, so entries copied from another prompt with the same opening are
+bitwise the ones this sequence would have computed (tests/test_prefix_cache.py checks the stores and the
+outputs). Where torch's kernels run (GPUs), sdpa's rows depend on the call's shape, so a restored opening
+can move a later token's logits in the last bits there, as any other prefill split would.
 At least one prompt token is always prefilled: its hidden state is what a self-drafting head (Medusa)
 reads first. Heads that read every prompt position's features (EAGLE) and tensor-parallel ranks (whose
 caches would have to agree rank by rank) prefill everything as before.

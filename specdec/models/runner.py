@@ -82,6 +82,7 @@ class ModelRunner:
         # specdec's kernels run the attention too (row-invariant as the linear layers), where they can
         self.attention_kernel = attention.install(model, self.linear_kernel.kernel == "specdec")
         self.max_rows = MAX_VERIFY_ROWS  # the most rows one forward appends, as caches are sized for
+        self.invariant_rows = attention.MAX_ROWS  # the most rows of one causal forward on specdec's attention
         self.config = model.config
         self.vocab_size = model.config.vocab_size
         first = next(model.parameters())
@@ -165,10 +166,28 @@ class ModelRunner:
             num_cached = cache.get_seq_length()
             attn_bias = attention_bias(layout, num_cached, self.dtype, self.device)
             positions = position_ids(layout, num_cached, self.device)
-        hidden = self.eager_forward_batch(ids, cache, attn_bias, positions)[0]  # [n, hidden]
+        if attn_bias is None and positions is None and self.attention_kernel and ids.shape[1] > self.invariant_rows:
+            hidden = self._causal_in_chunks(ids, cache)[0]
+        else:
+            hidden = self.eager_forward_batch(ids, cache, attn_bias, positions)[0]  # [n, hidden]
         if not want_logits:
             return None, hidden
         return self.logits(hidden), hidden
+
+    def _causal_in_chunks(self, ids: torch.Tensor, cache) -> torch.Tensor:
+        """ids [1, n] -> hidden [1, n, H]: a causal forward longer than specdec's attention takes (a long
+        prompt), as consecutive forwards of at most invariant_rows rows. Longer calls would run sdpa, whose
+        rows depend on the call's shape, so a prompt's keys and values would depend on how it was cut into
+        prefill chunks, and on how much of it the prefix cache restored: plain decoding of one prompt could
+        differ from itself, and a speculative run from a plain one. In chunks the kernel takes, each row is
+        bitwise what it is in any other cut."""
+        hidden, captured = [], {k: [] for k in self.feature_layers}
+        for start in range(0, ids.shape[1], self.invariant_rows):
+            hidden.append(self.eager_forward_batch(ids[:, start:start + self.invariant_rows], cache, None, None))
+            for k in self.feature_layers:
+                captured[k].append(self.captured[k])
+        self.captured.update({k: torch.cat(parts, dim=-2) for k, parts in captured.items()})
+        return torch.cat(hidden, dim=1)
 
     @torch.inference_mode()
     def forward_batch(self, input_ids: torch.Tensor, cache: DynamicCache, attn_bias: torch.Tensor,
