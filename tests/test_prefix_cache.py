@@ -25,20 +25,26 @@ def runners(path: str, dtype: torch.dtype) -> tuple[ModelRunner, ModelRunner]:
             ModelRunner(model, config=RunnerConfig(prefix_cache_mb=0)))
 
 
+def assert_prefills_alike(cached: ModelRunner, fresh: ModelRunner, prompt: list[int], chunk: int | None) -> None:
+    """The prompt prefilled on `cached` (its opening restored where the prefix cache holds it, the rest in
+    chunks of `chunk` tokens) holds bitwise the entries and last hidden state of one prefill on `fresh`."""
+    got = Sequence(cached, prompt, GREEDY, prefill=False)
+    while not got.prefilled:
+        got.prefill_chunk(chunk)
+    want = Sequence(fresh, prompt, GREEDY)
+    n = len(prompt) - 1
+    assert got.cache.length == want.cache.length == n
+    same_entries = torch.equal(got.cache.store[..., :n, :], want.cache.store[..., :n, :])
+    same_hidden = torch.equal(got.hidden, want.hidden)
+    assert same_entries and same_hidden, f"entries equal: {same_entries}, last hidden state equal: {same_hidden}"
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("chunk", [None, 7])
 def test_restored_entries_are_a_fresh_prefills_bitwise(tiny_target, dtype, chunk):
     cached, fresh = runners(tiny_target, dtype)
     for tail in TAILS:
-        prompt = OPENING + tail
-        got = Sequence(cached, prompt, GREEDY, prefill=False)
-        while not got.prefilled:
-            got.prefill_chunk(chunk)
-        want = Sequence(fresh, prompt, GREEDY)
-        n = len(prompt) - 1
-        assert got.cache.length == want.cache.length == n
-        assert torch.equal(got.cache.store[..., :n, :], want.cache.store[..., :n, :])
-        assert torch.equal(got.hidden, want.hidden)
+        assert_prefills_alike(cached, fresh, OPENING + tail, chunk)
     prefixes = cached.prefix_cache
     assert prefixes.num_hit_tokens == 2 * (len(OPENING) // BLOCK_TOKENS * BLOCK_TOKENS)  # the second and third
                                                                                        # prompts found the opening
@@ -56,15 +62,7 @@ def test_a_prompt_longer_than_the_attention_kernel_takes_restores_bitwise(tiny_t
     assert cached.attention_kernel
     tail = [44 + (7 * i) % 40 for i in range(2 * MAX_ROWS + 30)]
     for _ in range(2):  # the second time the opening is restored
-        prompt = OPENING + tail
-        got = Sequence(cached, prompt, GREEDY, prefill=False)
-        while not got.prefilled:
-            got.prefill_chunk(chunk)
-        want = Sequence(fresh, prompt, GREEDY)
-        n = len(prompt) - 1
-        same_entries = torch.equal(got.cache.store[..., :n, :], want.cache.store[..., :n, :])
-        same_hidden = torch.equal(got.hidden, want.hidden)
-        assert same_entries and same_hidden, f"entries equal: {same_entries}, last hidden state equal: {same_hidden}"
+        assert_prefills_alike(cached, fresh, OPENING + tail, chunk)
     assert cached.prefix_cache.num_hit_tokens > 0
 
 

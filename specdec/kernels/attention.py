@@ -6,7 +6,9 @@ and the one-token forwards of plain decoding sum in different orders and, in bfl
 near-tied argmaxes flip. attention.cpp gives every query row its result in one fixed order that
 does not depend on the other rows of the call (it tiles rows and heads of a kv group together for
 speed, each row's arithmetic unchanged), so the row gets the same bits in both. It runs for up to MAX_ROWS query rows per sequence (decode and verify
-steps); longer prefill chunks keep sdpa, which is faster there and needs no such agreement.
+steps, and prefill: the runner prefills a longer prompt in calls of at most MAX_ROWS rows, so a position's
+keys and values do not depend on where a prefill chunk or a restored prefix cut the prompt). A longer call
+still falls back to sdpa, whose rows depend on the call's shape.
 """
 from __future__ import annotations
 

@@ -138,6 +138,16 @@ def test_tiled_rows_equal_one_row_calls_at_long_caches(dtype, heads, kv_heads):
         torch.set_num_threads(threads)
 
 
+def assert_rows_equal_their_kept_keys_alone(q, k, v, mask):
+    """Each row of one call under `mask` ([1, 1, rows, keys], 0 = kept) is bitwise its one-row call over
+    exactly the keys its mask keeps, packed contiguously (as plain decoding's cache holds a tree row's path)."""
+    together = attend_rows(q, k, v, mask)
+    for i in range(q.shape[2]):
+        seen = (mask[0, 0, i] == 0).nonzero()[:, 0]
+        alone = attend_rows(q[:, :, i:i + 1], k[:, :, seen], v[:, :, seen])
+        assert torch.equal(together[0, i], alone[0, 0]), i
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_tree_rows_at_a_long_cache_equal_their_contiguous_path(dtype):
     """17 tree rows over 1,100 cached keys (siblings hidden between a row's ancestors) against each row's
@@ -154,11 +164,7 @@ def test_tree_rows_at_a_long_cache_equal_their_contiguous_path(dtype):
         while node >= 0:
             mask[0, 0, i, cached + node] = 0.0
             node = parents[node]
-    together = attend_rows(q, k, v, mask)
-    for i in range(rows):
-        seen = torch.cat([torch.arange(cached), cached + (mask[0, 0, i, cached:] == 0).nonzero()[:, 0]])
-        path = attend_rows(q[:, :, i:i + 1], k[:, :, seen], v[:, :, seen])
-        assert torch.equal(together[0, i], path[0, 0]), i
+    assert_rows_equal_their_kept_keys_alone(q, k, v, mask)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -174,11 +180,7 @@ def test_rows_with_vanishing_probabilities_equal_one_row_calls(dtype):
     mask = torch.zeros(1, 1, rows, keys)
     for i in range(rows):
         mask[..., i, 37 + 5 * i:90 + 7 * i] = float("-inf")  # a hidden run that shifts the later keys
-    together = attend_rows(q, k, v, mask)
-    for i in range(rows):
-        seen = (mask[0, 0, i] == 0).nonzero()[:, 0]
-        alone = attend_rows(q[:, :, i:i + 1], k[:, :, seen], v[:, :, seen])
-        assert torch.equal(together[0, i], alone[0, 0]), i
+    assert_rows_equal_their_kept_keys_alone(q, k, v, mask)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -197,11 +199,7 @@ def test_rows_hiding_keys_at_different_places_equal_one_row_calls(dtype):
         mask[..., i, 3 * i] = float("-inf") if i >= 8 else 0.0  # two hidden: no key waits
         if i % 4 >= 2:
             mask[..., i, 130 + i] = float("-inf")  # a later block a row group does not share
-    together = attend_rows(q, k, v, mask)
-    for i in range(rows):
-        seen = (mask[0, 0, i] == 0).nonzero()[:, 0]
-        alone = attend_rows(q[:, :, i:i + 1], k[:, :, seen], v[:, :, seen])
-        assert torch.equal(together[0, i], alone[0, 0]), i
+    assert_rows_equal_their_kept_keys_alone(q, k, v, mask)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
