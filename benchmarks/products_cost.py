@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from attention_cost import fastest_us  # beside this script in benchmarks/
+from attention_cost import call_us  # beside this script in benchmarks/
 
 from specdec.bench.machine import cpu_info
 from specdec.kernels.build import ISA_NAMES, load_kernel
@@ -42,7 +42,7 @@ def main() -> None:
                 for (n, k), w in zip(SHAPES, weights):
                     kernel.module.rowgemm(xs[k], w, n, isa, False)
             products()  # warm: the first call of a path faults its pages in
-            ms = fastest_us(products, args.repeats) / 1e3
+            ms = call_us(lambda _: products(), args.repeats)[0] / 1e3
             cells.append(f"{ISA_NAMES[isa]} {ms:.2f} ms ({num_bytes / ms / 1e6:.1f} GB/s)")
         print(f"{rows:2d} rows: " + ", ".join(cells), flush=True)
 
