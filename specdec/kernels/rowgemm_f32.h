@@ -1,5 +1,5 @@
 // rowgemm.cpp's float32 kernels (AVX-512, AVX2, scalar): one FMA chain over k in order for every (row,
-// output), so every path, row grouping and chunking gives the same bits.
+// output), so every path and row grouping gives the same bits.
 #pragma once
 #include <immintrin.h>
 #include <algorithm>
@@ -10,47 +10,52 @@
 
 namespace specdec_rowgemm {
 
-// AVX-512 runs a tile (32 outputs) in chunks of F32_CHUNK steps of k (16 KB, in L1): every row group of the
-// call takes the chunk before the next chunk comes in, the first group from memory (the prefetched L2), the
-// others from L1, carrying its accumulators from chunk to chunk through y's own float32 slots (stored and
-// reloaded exactly: the chain over k is unbroken). Run a whole tile per group instead, only the first group
-// met the memory stream and the others computed from L2 with the stream idle: 16 rows (8 + 8) cost as much
-// more than one row as their arithmetic took (products of SmolLM2, 2 threads: 27.4 ms against 17.7 for one
-// row; chunked 22.0). The weights F32_AHEAD bytes ahead of the chunk (one SmolLM2 tile, across tile ends
-// within the thread's range) are prefetched into L2, spread over the chunk's row groups so the stream never
-// waits for one group to finish.
-constexpr int64_t F32_CHUNK = 128;
+// AVX-512 runs a tile (32 outputs) one row group after another, each group over the whole tile (the first
+// from memory, the others from L2). A tile used to run in chunks of 128 steps of k (16 KB, in L1) through
+// every group, accumulators carried from chunk to chunk through y, with the weights 72 KB ahead prefetched
+// into L2 spread over the groups. On an AMD EPYC (Zen 4, avx512_bf16, 2 threads), in a C++ harness of
+// SmolLM2's products with two variants alternating forward by forward in one process, whole tiles measured
+// faster than chunks (both 72 KB ahead): 12 / 20 / 32 rows 5 / 5 / 10% while the weights stream, 5-8% with
+// them in cache, 16 rows within 2%.
 constexpr int64_t F32_AHEAD = 73728;
 
-// Row groups per chunk: at most 12 rows each, and two at least from 5 rows on. One group of 8 rows waits on
-// the stream at every chunk; 4 + 4 lets the second group compute from L1 while the stream catches up (8 rows
-// of SmolLM2's products, 2 threads: 22.9 -> 21.5 ms, one row 19.4). Fewer than 5 rows have little to hide.
-inline int64_t f32_groups(int64_t M) { return M < 5 ? 1 : std::max<int64_t>(2, (M + 11) / 12); }
+// How far ahead of its tile an AVX-512 call of M rows prefetches the weights into L2 (0: not at all). On AMD
+// CPUs 1-3 rows go 4 KB ahead, and from 4 rows on the hardware prefetchers stream a thread's contiguous tiles
+// alone. Whole SmolLM2 forwards (the lean forward, one process, the distance switched forward by forward; four
+// runs at 256 and 1,024 cached, three while the memory ran slow, one fast), none against 72 KB ahead: 4 rows
+// 9-30% faster, 6-10 rows 2-10% (8 rows 1-2% slower in the fast run), 16 rows 1-7%, 20 rows alike, 12 and 24
+// rows 1-3% slower; 8 or 16 KB ahead was no better overall. In the products harness 2 / 3 rows 4 KB ahead took
+// 13.2-13.5 / 13.0-13.3 ms against 13.6-13.8 / 13.3-13.6 at 72 KB (one row 11.7).
+inline int64_t f32_prefetch_distance(int64_t M) {
+  if (!amd_cpu()) return F32_AHEAD;
+  return M <= 3 ? AMD_FEW_ROWS_AHEAD : 0;
+}
 
-// Steps [k0, k1) of one tile for R rows. x: first row, ldx floats between rows; y: the rows' 32 outputs of
-// this tile, ldy between rows, holding the accumulators when !first and given them back (masked to nvalid).
-// pf .. pf_end: bytes to prefetch into L2, `pstep` of them per step of k (64 or 128).
+// Rows of the next row group of a tile, `remaining` rows left: up to 12 rows one group; 13-18 all but 6, then
+// those 6 (16 rows: 10 + 6); more, balanced groups of at most 12 (20 rows: 10 + 10, faster than 12 + 8). A
+// group of r rows keeps 2r accumulators in registers (at most 24 of AVX-512's 32), and fewer than 6 rows (12
+// FMA chains) wait on the FMAs' latency. Measured on an AMD EPYC (avx512_bf16, 2 threads, a C++ harness of
+// SmolLM2's products, variants alternating): 8 rows as one group 14.4-15.2 ms against 16.5-18.6 as 4 + 4
+// while the weights stream (one row 11.4-13.7), 8.6-9.2 against 10.9-11.1 with them in cache; 16 rows as
+// 10 + 6 16.5-17.0 against 17.5-18.1 in cache (12 + 4: 27 ms streaming, a 4-row group is latency-bound).
+inline int64_t f32_group_rows(int64_t remaining) {
+  return remaining <= 12 ? remaining : remaining <= 18 ? remaining - 6 : group_rows(remaining, 12);
+}
+
+// One tile for R rows. x: first row, ldx floats between rows; y: the rows' 32 outputs of this tile, ldy
+// between rows (stored masked to nvalid). pf .. pf_end: bytes to prefetch into L2, 128 of them per step of k.
 template <int R>
 __attribute__((target("avx512f,avx512vl,avx512bw,fma"))) void f32_avx512(
-    const float* __restrict wp, const float* __restrict x, int64_t ldx, int64_t k0, int64_t k1, bool first,
-    float* __restrict y, int64_t ldy, int64_t nvalid, const char* pf, const char* pf_end, int64_t pstep) {
-  const __mmask16 m0 = nvalid >= 16 ? 0xFFFF : (__mmask16)((1u << nvalid) - 1);
-  const __mmask16 m1 = nvalid >= 32 ? 0xFFFF : nvalid <= 16 ? 0 : (__mmask16)((1u << (nvalid - 16)) - 1);
+    const float* __restrict wp, const float* __restrict x, int64_t ldx, int64_t K, float* __restrict y,
+    int64_t ldy, int64_t nvalid, const char* pf, const char* pf_end) {
   __m512 a0[R], a1[R];
 #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-    if (first) {
-      a0[r] = a1[r] = _mm512_setzero_ps();
-    } else {
-      a0[r] = _mm512_maskz_loadu_ps(m0, y + r * ldy);
-      a1[r] = _mm512_maskz_loadu_ps(m1, y + r * ldy + 16);
-    }
-  }
-  for (int64_t k = k0; k < k1; ++k) {
+  for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
     if (pf < pf_end) {
       _mm_prefetch(pf, _MM_HINT_T1);
-      if (pstep > 64) _mm_prefetch(pf + 64, _MM_HINT_T1);
-      pf += pstep;
+      _mm_prefetch(pf + 64, _MM_HINT_T1);
+      pf += 128;
     }
     const __m512 w0 = _mm512_loadu_ps(wp + k * TILE), w1 = _mm512_loadu_ps(wp + k * TILE + 16);
 #pragma GCC unroll 16
@@ -60,6 +65,8 @@ __attribute__((target("avx512f,avx512vl,avx512bw,fma"))) void f32_avx512(
       a1[r] = _mm512_fmadd_ps(b, w1, a1[r]);
     }
   }
+  const __mmask16 m0 = nvalid >= 16 ? 0xFFFF : (__mmask16)((1u << nvalid) - 1);
+  const __mmask16 m1 = nvalid >= 32 ? 0xFFFF : nvalid <= 16 ? 0 : (__mmask16)((1u << (nvalid - 16)) - 1);
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     _mm512_mask_storeu_ps(y + r * ldy, m0, a0[r]);
@@ -143,33 +150,27 @@ inline void f32_tile(int64_t isa, const float* wp, const float* x, int64_t ldx, 
     return avx2_rows(M, 6, [&](int64_t lead) { ROWS_SWITCH(lead, CALL_AVX2_FULL, 6) },
                      [&](int64_t row, int64_t rows) { ROWS_SWITCH(rows, CALL_AVX2, 6) });
   }
-  // AVX-512: chunk by chunk, each chunk through every row group (above); pf: this tile's first byte plus
-  // F32_AHEAD, pf_end: the end of the thread's range.
-  const int64_t groups = f32_groups(M);
-  for (int64_t k0 = 0; k0 < K; k0 += F32_CHUNK) {
-    const int64_t k1 = std::min(K, k0 + F32_CHUNK);
-    const char* chunk_pf = pf + k0 * TILE * 4;
-    const int64_t span = std::max<int64_t>(0, std::min<int64_t>((k1 - k0) * TILE * 4, pf_end - chunk_pf));
-    for (int64_t row = 0, g = 0; row < M; ++g) {
-      const int64_t rows = (M - row + groups - g - 1) / (groups - g);  // balanced: 8 rows 4 + 4, 16 rows 8 + 8
-      const char* lo = chunk_pf + span * g / groups;
-      const char* hi = chunk_pf + span * (g + 1) / groups;
-      const int64_t pstep = groups == 1 ? 128 : 64;
-#define CALL_512(R) f32_avx512<R>(wp, x + row * ldx, ldx, k0, k1, k0 == 0, y + row * ldy, ldy, nvalid, lo, hi, pstep)
-      ROWS_SWITCH(rows, CALL_512, 12)
-      row += rows;
-    }
+  // AVX-512: group after group (above); pf: this tile's first byte plus the prefetch distance (nullptr: none),
+  // pf_end: the end of the thread's range. Each group prefetches its rows' share of a tile's bytes from there.
+  const int64_t span = pf == nullptr ? 0 : std::max<int64_t>(0, std::min<int64_t>(K * TILE * 4, pf_end - pf));
+  for (int64_t row = 0; row < M;) {
+    const int64_t rows = f32_group_rows(M - row);
+    const char* lo = pf + span * row / M;
+    const char* hi = pf + span * (row + rows) / M;
+#define CALL_512(R) f32_avx512<R>(wp, x + row * ldx, ldx, K, y + row * ldy, ldy, nvalid, lo, hi)
+    ROWS_SWITCH(rows, CALL_512, 12)
+    row += rows;
   }
 }
 
-// Tiles [begin, end) of y[M, n_out] = x[M, K] @ W^T (float32), each tile prefetching the next of the range.
+// Tiles [begin, end) of y[M, n_out] = x[M, K] @ W^T (float32).
 inline void f32_tiles(int64_t isa, const float* xd, int64_t M, int64_t K, const float* wd, int64_t n_out, float* yd,
                int64_t begin, int64_t end) {
   for (int64_t t = begin; t < end; ++t) {
     const int64_t col = t * TILE;
     const char* next = t + 1 < end ? reinterpret_cast<const char*>(wd + (t + 1) * K * TILE) : nullptr;
-    const int64_t distance = M == 1 && amd_one_row_ahead() ? amd_one_row_ahead() : F32_AHEAD;  // AVX-512 only
-    const char* ahead = reinterpret_cast<const char*>(wd + t * K * TILE) + distance;
+    const int64_t distance = f32_prefetch_distance(M);  // AVX-512 only
+    const char* ahead = distance == 0 ? nullptr : reinterpret_cast<const char*>(wd + t * K * TILE) + distance;
     f32_tile(isa, wd + t * K * TILE, xd, K, K, yd + col, n_out, std::min(TILE, n_out - col), M, next, ahead,
              reinterpret_cast<const char*>(wd + end * K * TILE));
   }
