@@ -162,15 +162,15 @@ inline void bf16_tile(int64_t isa, const uint16_t* wp, const uint32_t* xp, int64
 }
 
 // How far ahead of its tile an AVX512-BF16 call of M rows prefetches the weights into L2 (0: not at all): the
-// next tile, except on AMD CPUs for 1-8 rows: 1-3 rows 4 KB ahead, 4-5 rows not at all (the hardware prefetchers
+// next tile, except on AMD CPUs for 1-8 rows: one row 4 KB ahead, 2-5 rows not at all (the hardware prefetchers
 // alone), 6-8 rows 8 KB ahead. Whole SmolLM2 forwards (as for float32 in rowgemm_f32.h; 256 and 1,024 cached),
 // against the next tile: with none, 4 rows 8-17% faster, 6-8 rows 8-9% faster at 256 cached but 9-10% slower
 // at 1,024 (8 rows), 10-24 rows 1-11% slower; 8 KB ahead, 6-8 rows at most 5% slower at 256 cached and 4-10%
-// faster at 1,024 (at 12 rows 3% faster, at 16 rows 8% slower). In the products harness 2-3 rows 4 KB ahead
-// came 8-9% faster than a tile ahead.
+// faster at 1,024 (at 12 rows 3% faster, at 16 rows 8% slower). At 2-3 rows none against 4 KB ahead: 3-21%
+// faster in 7 of 8 cases (1% slower in one); 4 KB was faster than a tile ahead in 7 of 8 (2-9%).
 inline int64_t bf16_prefetch_distance(int64_t M, int64_t tile_bytes) {
   if (!amd_cpu() || M > 8) return tile_bytes;
-  return M <= 3 ? AMD_FEW_ROWS_AHEAD : M <= 5 ? 0 : 8192;
+  return M == 1 ? AMD_ONE_ROW_AHEAD : M <= 5 ? 0 : 8192;
 }
 
 // The same for bfloat16 weights [tiles, K2, 32, 2] and x as K2 bf16 pairs per row.

@@ -18,9 +18,9 @@ inline void prefetch_step(const char* pf, int64_t k) {
   _mm_prefetch(pf + k * 128 + 64, _MM_HINT_T1);
 }
 
-// Whether this is an AMD CPU, where a call of few rows prefetches its weights a short distance ahead and one
-// of more rows lets the hardware stream them (AMD_FEW_ROWS_AHEAD; the float32 and bf16 paths say from how
-// many rows). Elsewhere each path keeps its own distance (72 KB for float32, the next tile for bf16); Intel
+// Whether this is an AMD CPU, where a one-row call prefetches its weights a short distance ahead
+// (AMD_ONE_ROW_AHEAD) and calls of more rows let the hardware stream them (the float32 and bf16 paths say
+// for which row counts). Elsewhere each path keeps its own distance (72 KB for float32, the next tile for bf16); Intel
 // CPUs were not measured against these. On an AMD EPYC (Zen 4, 2 cores) one row streamed faster 4 KB ahead,
 // builds alternating (benchmarks/stream_vs_forward.py): a one-row SmolLM2 forward's weights came at 34-35.5
 // GB/s against 32 in float32 while a 1 GB sum read ~60 (28-29 against 26-28 when it read ~34), and in bf16 at
@@ -29,7 +29,7 @@ inline bool amd_cpu() {
   static const bool amd = __builtin_cpu_is("amd");
   return amd;
 }
-constexpr int64_t AMD_FEW_ROWS_AHEAD = 4096;
+constexpr int64_t AMD_ONE_ROW_AHEAD = 4096;
 
 // AVX2 stores of an accumulator's first `count` lanes (count may be <= 0 or > 8). Masked stores, not a
 // buffer and memcpy: with those GCC kept every accumulator in memory through the k loop (a store per FMA;

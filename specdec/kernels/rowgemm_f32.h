@@ -20,15 +20,15 @@ namespace specdec_rowgemm {
 constexpr int64_t F32_AHEAD = 73728;
 
 // How far ahead of its tile an AVX-512 call of M rows prefetches the weights into L2 (0: not at all). On AMD
-// CPUs 1-3 rows go 4 KB ahead, and from 4 rows on the hardware prefetchers stream a thread's contiguous tiles
-// alone. Whole SmolLM2 forwards (the lean forward, one process, the distance switched forward by forward; four
-// runs at 256 and 1,024 cached, three while the memory ran slow, one fast), none against 72 KB ahead: 4 rows
-// 9-30% faster, 6-10 rows 2-10% (8 rows 1-2% slower in the fast run), 16 rows 1-7%, 20 rows alike, 12 and 24
-// rows 1-3% slower; 8 or 16 KB ahead was no better overall. In the products harness 2 / 3 rows 4 KB ahead took
-// 13.2-13.5 / 13.0-13.3 ms against 13.6-13.8 / 13.3-13.6 at 72 KB (one row 11.7).
+// CPUs one row goes 4 KB ahead, and from 2 rows on the hardware prefetchers stream a thread's contiguous tiles
+// alone. Whole SmolLM2 forwards (the lean forward, one process, the distance switched forward by forward; runs
+// at 256 and 1,024 cached while the memory ran slow and fast), none against 72 KB ahead: 4 rows 9-30% faster,
+// 6-10 rows 2-10% (8 rows 1-2% slower in a fast run), 16 rows 1-7%, 20 rows alike, 12 and 24 rows 1-3% slower;
+// 8 or 16 KB ahead was no better overall. At 2-3 rows none against 4 KB ahead: faster in 7 of 8 cases (by up
+// to 12%), 0.5% slower in one; 4 KB was 2-12% faster than 72 KB.
 inline int64_t f32_prefetch_distance(int64_t M) {
   if (!amd_cpu()) return F32_AHEAD;
-  return M <= 3 ? AMD_FEW_ROWS_AHEAD : 0;
+  return M == 1 ? AMD_ONE_ROW_AHEAD : 0;
 }
 
 // Rows of the next row group of a tile, `remaining` rows left: up to 12 rows one group; 13-18 all but 6, then
