@@ -14,7 +14,11 @@ from specdec.bench.runner import Sample
 
 SCHEMA = "specdec.bench/1"
 OVERALL = "overall"
-GOAL_BEST_SPEEDUP = 2.5  # the issue's goals on this CPU, greedy, overall
+# The best method's speedup over plain decoding (greedy, overall) that the issues set, each reported met or
+# not: 1.5x once the verify forward is cheap on CPUs (the forward-cost issue), 2.5x (the first Spec-Bench issue's
+# aim on this CPU, never met here: the one-row forward is already near its bandwidth floor and a 2-thread CPU's
+# verify rows are not free). The first is `best_speedup_goal`.
+GOALS_BEST_SPEEDUP = (1.5, 2.5)
 GOAL_VS_PEER = 1.3
 
 
@@ -81,9 +85,9 @@ def goals(results: dict, specs: tuple[MethodSpec, ...]) -> dict:
                         "met": (overall[s.name]["speedup_vs_peer"] or 0.0) >= GOAL_VS_PEER}
                for s in specs if s.family == "specdec" and s.peer and s.name in overall
                and overall[s.name]["speedup_vs_peer"] is not None}
+    met = [{"goal": goal, "met": bool(best) and candidates[best] >= goal} for goal in GOALS_BEST_SPEEDUP]
     return {"best_method": best, "best_speedup": candidates.get(best) if best else None,
-            "best_speedup_goal": GOAL_BEST_SPEEDUP,
-            "best_speedup_met": bool(best) and candidates[best] >= GOAL_BEST_SPEEDUP,
+            "best_speedup_goal": met[0]["goal"], "best_speedup_met": met[0]["met"], "best_speedup_goals": met,
             "vs_peer_goal": GOAL_VS_PEER, "vs_peer": vs_peer}
 
 
@@ -95,6 +99,15 @@ def _split(m: dict) -> str:
     if m["draft_s"] is None:
         return "–"
     return f"{m['draft_s']:.1f} / {m['verify_s']:.1f} / {m['prefill_s']:.1f}"
+
+
+def goal_lines(g: dict) -> list[str]:
+    """One bullet per goal of goals(): each best-speedup threshold, then each method against its peer."""
+    best = g.get("best_speedup_goals") or [{"goal": g["best_speedup_goal"], "met": g["best_speedup_met"]}]
+    lines = [f"- best of the project's methods at least {goal['goal']}x the baseline: {g['best_method']} at "
+             f"{_num(g['best_speedup'], '.2f', 'x')}, {'met' if goal['met'] else 'not met'}" for goal in best]
+    return lines + [f"- {name} at least {g['vs_peer_goal']}x {v['peer']}: {v['ratio']:.2f}x, "
+                    f"{'met' if v['met'] else 'not met'}" for name, v in g["vs_peer"].items()]
 
 
 def render_markdown(report: dict) -> str:
@@ -140,14 +153,7 @@ def render_markdown(report: dict) -> str:
                                                                            if m["peer"] else "")
                                   for m in report["methods"]] + [""]
     if report.get("goals"):
-        g = report["goals"]
-        lines += ["## Goals (greedy, overall)", "",
-                  f"- best of the project's methods at least {g['best_speedup_goal']}x the baseline: {g['best_method']} at "
-                  f"{_num(g['best_speedup'], '.2f', 'x')}, {'met' if g['best_speedup_met'] else 'not met'}"]
-        for name, v in g["vs_peer"].items():
-            lines.append(f"- {name} at least {g['vs_peer_goal']}x {v['peer']}: {v['ratio']:.2f}x, "
-                         f"{'met' if v['met'] else 'not met'}")
-        lines.append("")
+        lines += ["## Goals (greedy, overall)", "", *goal_lines(report["goals"]), ""]
     lines += ["tau: tokens emitted per target forward. acceptance: accepted / drafted tokens. "
               "Rates pool tokens and seconds over the questions (prefill included); speedups are ratios to "
               "`plain` measured in the same run. transformers peers cannot split their time (–); their "
