@@ -36,11 +36,11 @@ class Recorder:
 
         def choose_each(budget, orders, batch, explore=None):
             counts = choose(budget, orders, batch, explore)
-            ranked = sorted((p for order in orders for p in order), reverse=True)
             nodes = sum(counts)
+            promised = sum(sum(order[:count]) for order, count in zip(orders, counts))  # each tree keeps a prefix
             plain_s, step_s = budget.estimate_many(batch, [batch, batch + nodes])
-            recorder._pending = dict(batch=batch, nodes=nodes, promised=sum(ranked[:nodes]), plain_s=plain_s,
-                                     step_s=step_s, probe=budget.probe_expected is not None)
+            recorder._pending = dict(batch=batch, nodes=nodes, promised=promised, plain_s=plain_s, step_s=step_s,
+                                     probe=budget.probe_expected is not None)
             return counts
 
         def record_step(budget, num_rows, seconds, num_tokens, batch):
