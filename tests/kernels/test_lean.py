@@ -174,6 +174,50 @@ def test_steps_whose_forward_the_team_probed_are_not_timed(tiny_target, monkeypa
 
 
 @needs_kernel
+def test_the_target_worker_does_not_time_the_steps_the_team_probed(tiny_target, monkeypatch):
+    """The served path too: the target worker tells its speculation policy which steps ran a forward the
+    thread team timed the slower way (timed=False), and only those. Learnt as a step's cost, a warm-up
+    forward run alone (about twice a team's) priced the batch size it met first for many steps after."""
+    from specdec.core.types import SamplingParams
+    from specdec.engine import Engine
+    from specdec.policy import SpeculationPolicy
+    from specdec.serving_config import TargetConfig
+    from target_service import worker as worker_module
+    from target_service.worker import TargetWorker
+
+    flags, record, verify = [], SpeculationPolicy.record, worker_module.verify_each
+
+    def spy(self, *args, timed=True, **kwargs):
+        flags[-1].append(timed)
+        return record(self, *args, timed=timed, **kwargs)
+
+    def verify_each(runner, *args, **kwargs):  # the team's probe count before and after each step's forward
+        flags.append([runner.num_team_probes])
+        results = verify(runner, *args, **kwargs)
+        flags[-1].append(runner.num_team_probes)
+        return results
+
+    monkeypatch.setattr(SpeculationPolicy, "record", spy)
+    monkeypatch.setattr(worker_module, "verify_each", verify_each)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    worker = TargetWorker(Engine(load_model(tiny_target, torch.float32), None), TargetConfig())
+    try:
+        state = worker.admit("s", [3, 1, 4, 1, 5], SamplingParams(max_new_tokens=12, ignore_eos=True), False)
+        commits = []
+        while (message := state.outbox.get(timeout=60)) is not None and not isinstance(message, Exception):
+            commits.append(message)
+            if message.finish_reason:
+                break
+    finally:
+        worker.stop()
+        torch.set_num_threads(before)
+    assert sum(len(c.token_ids) for c in commits) == 12
+    assert [not timed for _, _, timed in flags] == [after > before for before, after, _ in flags]
+    assert sum(after > before for before, after, _ in flags) >= 1  # the warm-up ran forwards alone
+
+
+@needs_kernel
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_ragged_rows_are_the_padded_forwards_rows_bitwise(tiny_target, dtype, num_threads):
     """forward_rows computes each sequence's own rows only (trees of 1, 4 and 2 nodes in a 4-row batch):
