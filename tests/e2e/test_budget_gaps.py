@@ -58,7 +58,7 @@ class ScriptedBudget(SpeculationPolicy):
     def allocate(self, keys, trees, sampled):
         return trees
 
-    def record(self, keys, trees, steps, verify_s, draft_s=0.0, wait_s=0.0):
+    def record(self, keys, trees, steps, verify_s, draft_s=0.0, wait_s=0.0, timed=True):
         self.num_steps += 1
 
 
