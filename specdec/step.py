@@ -120,6 +120,16 @@ def verify_each(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree
     return [verify_each(runner, [seq], [tree], pool, fault, times)[0] for seq, tree in zip(seqs, trees)]
 
 
+def verify_timed(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree], pool: BatchCache,
+                 fault=None, times: StepTimes | None = None) -> tuple[list[StepResult | StepFailure], bool]:
+    """verify_each, and whether its wall time is what such a step costs: False where the thread team ran
+    its forward the slower way on purpose (a warm-up or a probe, specdec.kernels.team), whose seconds the
+    speculation policy must not learn. Every step that the policy times goes through here."""
+    probes = runner.num_team_probes
+    results = verify_each(runner, seqs, trees, pool, fault, times)
+    return results, runner.num_team_probes == probes
+
+
 def _verdicts(runner: ModelRunner, seqs: list[Sequence], trees: list[DraftTree], layouts: list[TreeLayout],
               logits: torch.Tensor, num_rows: list[int]) -> list:
     """Each sequence's verdict from logits [sum rows, vocab] (on the model's device). Greedy rows
@@ -210,10 +220,8 @@ def decode_step(runner: ModelRunner, policy: SpeculationPolicy, pool: BatchCache
     keys = [e.key for e in entries]
     trees = policy.allocate(keys, trees, [is_sampled(t, e.seq.params.greedy) for t, e in zip(trees, entries)],
                             agree=parallel.broadcast_int)
-    start, probes = time.perf_counter(), runner.num_team_probes
-    results = verify_each(runner, [e.seq for e in entries], trees, pool, fault)
-    # a forward the thread team timed the slower way (specdec.kernels.team) says nothing of the step's cost
-    timed = runner.num_team_probes == probes
+    start = time.perf_counter()
+    results, timed = verify_timed(runner, [e.seq for e in entries], trees, pool, fault)
     policy.record(keys, trees, [r if isinstance(r, StepResult) else None for r in results],
                   time.perf_counter() - start, draft_s, timed=timed)
     return trees, results, draft_s

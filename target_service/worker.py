@@ -30,7 +30,7 @@ from specdec.policy import NO_CAP, is_sampled
 from specdec.policy.calibrate import forward_costs
 from specdec.rpc.v1 import target_pb2
 from specdec.serving_config import TargetConfig
-from specdec.step import Drafting, StepFailure, StepTimes, plan_all, propose_all, verify_each
+from specdec.step import Drafting, StepFailure, StepTimes, plan_all, propose_all, verify_timed
 from specdec.telemetry import GEN_AI_INPUT_TOKENS, SPAN_PREFILL, Telemetry
 from specdec.telemetry_trace import TargetInstruments, TargetStepTrace
 from target_service.batch_former import form_batch
@@ -239,12 +239,9 @@ class TargetWorker(DraftIntake):
             self.max_batch_seen = max(self.max_batch_seen, len(seqs))
             ids = {id(seq): key for key, seq in zip(keys, seqs)}
             fault = None if self.fault is None else lambda batch: self.fault("verify", [ids[id(s)] for s in batch])
-            start, times, probes = time.perf_counter(), StepTimes(), self.engine.runner.num_team_probes
-            steps = verify_each(self.engine.runner, seqs, trees, self.batch_cache, fault, times)
+            start, times = time.perf_counter(), StepTimes()
+            steps, timed = verify_timed(self.engine.runner, seqs, trees, self.batch_cache, fault, times)
             self.instruments.step(len(seqs), time.perf_counter() - start, steps)
-            # a forward the thread team ran the slower way on purpose (its warm-up or a probe: on its first
-            # steps at a new batch size, every size class's) is not what such a step costs
-            timed = self.engine.runner.num_team_probes == probes
             with self.cond:
                 self.policy.record(keys, trees, [None if isinstance(s, StepFailure) else s for s in steps],
                                    time.perf_counter() - start, draft_s, self.draft_wait_s, timed=timed)

@@ -19,7 +19,7 @@ it, and a neighbour taking a core is seen without probing: the chosen way's own 
 seen so (one thread barely feels it), so while one thread is cheaper the interval stays the shortest.
 `num_probes` counts the forwards run the slower way on purpose (warm-up and probes): their times are not
 what a step costs, and the speculation policy, which learns its step costs from wall time, skips them
-(specdec.step.decode_step).
+(specdec.step.verify_timed, which the in-process step and the target worker both verify through).
 """
 from __future__ import annotations
 

@@ -182,10 +182,10 @@ def test_the_target_worker_does_not_time_the_steps_the_team_probed(tiny_target, 
     from specdec.engine import Engine
     from specdec.policy import SpeculationPolicy
     from specdec.serving_config import TargetConfig
-    from target_service import worker as worker_module
+    from specdec import step as step_module
     from target_service.worker import TargetWorker
 
-    flags, record, verify = [], SpeculationPolicy.record, worker_module.verify_each
+    flags, record, verify = [], SpeculationPolicy.record, step_module.verify_each
 
     def spy(self, *args, timed=True, **kwargs):
         flags[-1].append(timed)
@@ -198,7 +198,7 @@ def test_the_target_worker_does_not_time_the_steps_the_team_probed(tiny_target, 
         return results
 
     monkeypatch.setattr(SpeculationPolicy, "record", spy)
-    monkeypatch.setattr(worker_module, "verify_each", verify_each)
+    monkeypatch.setattr(step_module, "verify_each", verify_each)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     worker = TargetWorker(Engine(load_model(tiny_target, torch.float32), None), TargetConfig())
