@@ -30,9 +30,10 @@ def add_parser(subparsers) -> None:
                    help="distinct: no request of a run asks what another asked (eight kinds of chat request, their "
                         "slots varied); repeated: the eight fixed prompts over and over, where a drafter that "
                         "remembers earlier answers (suffix, hybrid) drafts them whole")
-    p.add_argument("--drafter", default=DEFAULT_DRAFTER, metavar="{%s}[,...]" % ",".join(DRAFTERS),
-                   help="drafter of the local stack; with --compare a comma-separated list: one speculative stack "
-                        "per drafter, all alternating with the no-speculation one")
+    p.add_argument("--drafter", default=None, metavar="{%s}[,...]" % ",".join(DRAFTERS),
+                   help="drafter of the local stack (default: hybrid for the embedded target, whose Medusa heads "
+                        "ship with it; %s for --target); with --compare a comma-separated list: one speculative "
+                        "stack per drafter, all alternating with the no-speculation one" % DEFAULT_DRAFTER)
     p.add_argument("--drafter-options", default="", metavar="JSON",
                    help="local stack: the drafter's options as a JSON object (as `specdec serve --drafter-options`; "
                         "with several drafters, each must take them)")
@@ -47,6 +48,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--rounds", type=int, default=1,
                    help="run each level this many times (with --compare, alternating the stacks) and report the "
                         "median run: a shared machine drifts between runs")
+    p.add_argument("--warmup", type=int, default=None, metavar="N",
+                   help="requests each stack serves, one at a time, before the first level, not counted (default: "
+                        "4 for the local stacks, which start cold; 0 with --server or --http URL); their prompts are "
+                        "none of the measured ones")
     p.add_argument("--plot", default=None, help="write throughput against concurrency as PNG here")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=run)
@@ -62,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidArgument(f"--concurrency must be comma-separated integers, got {args.concurrency!r}") from None
     if not levels or min(levels) < 1 or args.requests < 1 or args.rounds < 1:
         raise InvalidArgument("--concurrency levels, --requests and --rounds must be >= 1")
+    if args.warmup is not None and args.warmup < 0:
+        raise InvalidArgument(f"--warmup must be >= 0, got {args.warmup}")
     if (args.server or args.http) and args.compare:
         raise InvalidArgument("--compare starts its own stacks; it cannot be used with --server or --http URL")
     if args.server and args.http == "":
@@ -76,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         from specdec.serving_config import load_stack_config
 
         options = client_options(load_stack_config(args.config))
-    drafters = drafter_list(args.drafter, args.compare)
+    drafters = drafter_list(args.drafter or default_drafter(args.target), args.compare)
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     configs = [("no speculation" if args.no_spec else drafters[0], None if args.no_spec else drafters[0])]
     if args.compare:  # one speculative stack per drafter, then the plain one
@@ -89,11 +96,19 @@ def run(args: argparse.Namespace) -> int:
         machine = machine_info()
         print(f"local stacks on {machine['cpu']} (flags: {' '.join(machine['cpu_flags']) or 'none'}), "
               f"{machine['num_cpus']} CPUs, torch {machine['torch_num_threads']} threads, dtype {args.dtype}, "
+              f"drafter {'none' if args.no_spec else ','.join(drafters)}, "
               f"prompts {args.prompts}, load {machine.get('load_average_1m')}", file=sys.stderr, flush=True)
     with contextlib.ExitStack() as stacks:  # every stack up at once: levels alternate between them
         targets = [stacks.enter_context(_stack(args, drafter)) for _, drafter in configs]
         runs = {label: [] for label in labels}
         first_index = {label: 0 for label in labels}
+        warmup = args.warmup if args.warmup is not None else (0 if args.server or args.http else WARMUP_REQUESTS)
+        for label, (address, http_url) in zip(labels, targets) if warmup else ():
+            # A cold stack's first requests pay what a running server has long paid: the thread team's first
+            # forward of each size, the speculation policy's first cost measurements (one user's first round
+            # ran 1.42-1.46x plain where its later rounds ran 1.65-1.68x). Prompts after every measured one.
+            run_level(address, 1, warmup, params, http_url=http_url, client_options=options,
+                      first_index=args.rounds * len(levels) * args.requests, repeated=args.prompts == "repeated")
         for c in levels:
             tries = {label: [] for label in labels}
             for r in range(args.rounds):  # rotate the order, so drift of a shared machine hits every side
@@ -124,6 +139,18 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({label: [r.to_dict() for r in levels_] for label, levels_ in runs.items()}))
     return 0
+
+
+WARMUP_REQUESTS = 4  # per local stack, before the first level (--warmup)
+
+
+def default_drafter(target: str | None) -> str:
+    """The local stack's drafter when --drafter names none: what a user of this target would pick. For the
+    embedded target that is the hybrid (suffix decoding + the Medusa heads shipped with it), the fastest
+    drafter measured at every load level; prompt lookup in a draft worker (serve's default) drafts nothing on
+    most chat prompts and, on two cores, its draft worker's own work for each request and step competes with
+    the target's forward (README, "Load test"). A target of your own has no shipped heads: serve's default."""
+    return "hybrid" if target is None else DEFAULT_DRAFTER
 
 
 def drafter_list(text: str, compare: bool) -> list[str]:

@@ -99,6 +99,23 @@ def test_local_stack_can_draft_inside_the_target():
     assert spec.drafts == () and [t.drafter for t in spec.targets] == ["suffix"]
 
 
+def test_the_default_drafter_is_the_hybrid_for_the_embedded_target_only():
+    """The embedded target ships Medusa heads, so its local stack drafts with the hybrid; a checkpoint of your
+    own has none, so it gets serve's default, prompt lookup."""
+    import argparse
+
+    from specdec.commands.loadtest import add_parser, default_drafter, local_stack_config
+    from specdec.commands.serve import DEFAULT_DRAFTER
+
+    assert default_drafter(None) == "hybrid" and default_drafter("/some/checkpoint") == DEFAULT_DRAFTER == "ngram"
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["loadtest", "--compare"])
+    assert args.drafter is None  # resolved against --target in run()
+    spec = local_stack_config(args, default_drafter(args.target))
+    assert spec.drafts == () and [t.drafter for t in spec.targets] == ["hybrid"]  # it runs inside the target
+
+
 def test_drafter_lists_need_compare_and_known_names():
     from specdec.commands.loadtest import drafter_list
 
@@ -120,6 +137,22 @@ def test_rounds_repeat_each_level_and_report_the_median_run(draft_stack: Stack):
     with Client(draft_stack.address) as client:
         assert client.server_info().num_admitted == admitted_before + 6  # three runs of the level
     assert loadtest("--server", "127.0.0.1:1", "--rounds", "0").returncode == 2
+
+
+def test_warmup_requests_go_first_and_are_not_counted(draft_stack: Stack):
+    """--warmup N: N requests before the first level, none of them in the level's figures (a server given
+    with --server is warmed only when asked: the test above counts exactly its measured requests)."""
+    with Client(draft_stack.address) as client:
+        admitted_before = client.server_info().num_admitted
+    result = loadtest("--server", draft_stack.address, "--concurrency", "1", "--requests", "2", "--warmup", "3",
+                      "--max-new-tokens", "8", "--json")
+    assert result.returncode == 0, result.stderr
+    ((_, (level,)),) = json.loads(result.stdout).items()
+    assert level["num_requests"] == 2 and level["num_errors"] == 0
+    with Client(draft_stack.address) as client:
+        assert client.server_info().num_admitted == admitted_before + 5
+    bad = loadtest("--server", "127.0.0.1:1", "--warmup", "-1")
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == ["specdec: error: --warmup must be >= 0, got -1"]
 
 
 def test_median_run_is_one_whole_run():
@@ -157,15 +190,18 @@ def test_compare_reports_the_median_of_paired_rounds(monkeypatch, capsys):
         yield ("speculative" if drafter else "no speculation", None)
 
     def fake_level(address, concurrency, num_requests, params, first_index=0, **kwargs):
-        calls.append((address, first_index))
-        tps = throughputs[address][first_index // num_requests]
+        calls.append((address, first_index, num_requests))
+        tps = throughputs[address][first_index // num_requests % 3]
         return LevelResult(concurrency, num_requests, 0, tps, 0.1, 0.2, 0.01, 0.02, 0.5, 1.5, 1.0)
 
     monkeypatch.setattr(command, "_stack", fake_stack)
     monkeypatch.setattr(specdec.loadtest, "run_level", fake_level)
     assert main(["loadtest", "--compare", "--drafter", "ngram", "--concurrency", "1", "--requests", "2",
                  "--rounds", "3", "--json"]) == 0
-    assert sorted(calls) == sorted((a, i) for a in throughputs for i in (0, 2, 4))  # same prompts per round
+    # first each local stack's warm-up (4 requests, prompts after all 3 rounds' 6), uncounted; then the
+    # rounds, both stacks on the same prompts in a round
+    assert sorted(calls[:2]) == [("no speculation", 6, 4), ("speculative", 6, 4)]
+    assert sorted(calls[2:]) == sorted((a, i, 2) for a in throughputs for i in (0, 2, 4))
     out = capsys.readouterr()
     result = json.loads(out.out)
     assert result["speculative"][0]["output_tokens_per_s"] == 200.0
