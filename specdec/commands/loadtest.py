@@ -85,7 +85,10 @@ def run(args: argparse.Namespace) -> int:
         options = client_options(load_stack_config(args.config))
     drafters = drafter_list(args.drafter or default_drafter(args.target), args.compare)
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
-    configs = [("no speculation" if args.no_spec else drafters[0], None if args.no_spec else drafters[0])]
+    # a server given (--server, --http URL) drafts with whatever it was started with: its figures say so
+    remote = bool(args.server or args.http)
+    configs = [("no speculation" if args.no_spec else "server" if remote else drafters[0],
+                None if args.no_spec else drafters[0])]
     if args.compare:  # one speculative stack per drafter, then the plain one
         configs = [("speculative" if len(drafters) == 1 else f"speculative ({d})", d) for d in drafters]
         configs.append(("no speculation", None))
@@ -102,11 +105,11 @@ def run(args: argparse.Namespace) -> int:
         targets = [stacks.enter_context(_stack(args, drafter)) for _, drafter in configs]
         runs = {label: [] for label in labels}
         first_index = {label: 0 for label in labels}
-        warmup = args.warmup if args.warmup is not None else (0 if args.server or args.http else WARMUP_REQUESTS)
+        warmup = args.warmup if args.warmup is not None else (0 if remote else WARMUP_REQUESTS)
         for label, (address, http_url) in zip(labels, targets) if warmup else ():
             # A cold stack's first requests pay what a running server has long paid: the thread team's first
-            # forward of each size, the speculation policy's first cost measurements (one user's first round
-            # ran 1.42-1.46x plain where its later rounds ran 1.65-1.68x). Prompts after every measured one.
+            # forward of each size, the speculation policy's first cost measurements (README, "Load test": a
+            # cold one-user level was its stack's slowest round). Prompts after every measured one.
             run_level(address, 1, warmup, params, http_url=http_url, client_options=options,
                       first_index=args.rounds * len(levels) * args.requests, repeated=args.prompts == "repeated")
         for c in levels:

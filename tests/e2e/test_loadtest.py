@@ -147,7 +147,8 @@ def test_warmup_requests_go_first_and_are_not_counted(draft_stack: Stack):
     result = loadtest("--server", draft_stack.address, "--concurrency", "1", "--requests", "2", "--warmup", "3",
                       "--max-new-tokens", "8", "--json")
     assert result.returncode == 0, result.stderr
-    ((_, (level,)),) = json.loads(result.stdout).items()
+    ((label, (level,)),) = json.loads(result.stdout).items()
+    assert label == "server"  # its drafter is the server's, not a local stack's default
     assert level["num_requests"] == 2 and level["num_errors"] == 0
     with Client(draft_stack.address) as client:
         assert client.server_info().num_admitted == admitted_before + 5
