@@ -45,9 +45,9 @@ def add_parser(subparsers) -> None:
                         "a verify forward costs about a one-token one)")
     p.add_argument("--no-spec", action="store_true", help="local stack without speculation")
     p.add_argument("--compare", action="store_true", help="local stacks with and without speculation, one after the other")
-    p.add_argument("--rounds", type=int, default=1,
+    p.add_argument("--rounds", type=int, default=None,
                    help="run each level this many times (with --compare, alternating the stacks) and report the "
-                        "median run: a shared machine drifts between runs")
+                        "median run: a shared machine drifts between runs (default: 3 with --compare, else 1)")
     p.add_argument("--warmup", type=int, default=None, metavar="N",
                    help="requests each stack serves, one at a time, before the first level, not counted (default: "
                         "4 for the local stacks, which start cold; 0 with --server or --http URL); their prompts are "
@@ -65,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
         levels = [int(c) for c in args.concurrency.split(",")]
     except ValueError:
         raise InvalidArgument(f"--concurrency must be comma-separated integers, got {args.concurrency!r}") from None
+    if args.rounds is None:  # one round's ratio is as noisy as the gains under load are large (README, "Load test")
+        args.rounds = COMPARE_ROUNDS if args.compare else 1
     if not levels or min(levels) < 1 or args.requests < 1 or args.rounds < 1:
         raise InvalidArgument("--concurrency levels, --requests and --rounds must be >= 1")
     if args.warmup is not None and args.warmup < 0:
@@ -145,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 WARMUP_REQUESTS = 4  # per local stack, before the first level (--warmup)
+COMPARE_ROUNDS = 3  # --compare's rounds unless --rounds says otherwise
 
 
 def default_drafter(target: str | None) -> str:

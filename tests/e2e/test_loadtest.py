@@ -211,6 +211,35 @@ def test_compare_reports_the_median_of_paired_rounds(monkeypatch, capsys):
     assert "1.60x no speculation (median over rounds, each on the same prompts: 1.50, 1.60, 4.00)" in out.err
 
 
+def test_compare_runs_three_rounds_unless_told(monkeypatch):
+    """One round's paired ratio moves by about what speculation gains under load, so --compare alone runs three;
+    --rounds still decides, and without --compare one round is the default."""
+    import contextlib
+
+    import specdec.loadtest
+    from specdec.cli import main
+    from specdec.commands import loadtest as command
+    from specdec.loadtest import LevelResult
+
+    calls = []
+
+    @contextlib.contextmanager
+    def fake_stack(args, drafter):
+        yield ("speculative" if drafter else "no speculation", None)
+
+    def fake_level(address, concurrency, num_requests, params, first_index=0, **kwargs):
+        calls.append((address, num_requests))
+        return LevelResult(concurrency, num_requests, 0, 10.0, 0.1, 0.2, 0.01, 0.02, 0.5, 1.5, 1.0)
+
+    monkeypatch.setattr(command, "_stack", fake_stack)
+    monkeypatch.setattr(specdec.loadtest, "run_level", fake_level)
+    for argv, rounds in ((["--compare"], 3), (["--compare", "--rounds", "2"], 2), ([], 1)):
+        calls.clear()
+        assert main(["loadtest", *argv, "--concurrency", "1", "--requests", "5", "--warmup", "0"]) == 0
+        measured = [c for c in calls if c[1] == 5]
+        assert len(measured) == rounds * (2 if "--compare" in argv else 1), (argv, calls)
+
+
 def test_distinct_prompts_never_repeat_and_repeated_ones_cycle():
     from specdec.loadtest_prompts import MOST_DISTINCT, REPEATED, prompt_for
 
