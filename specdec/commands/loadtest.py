@@ -24,7 +24,8 @@ def add_parser(subparsers) -> None:
                    help="with --server / --http URL: present what this deployment file provides (its security "
                         "section's CA, an API key from env SPECDEC_API_KEY or the router's key files)")
     p.add_argument("--concurrency", default="1,2,4,8,16", help="comma-separated levels")
-    p.add_argument("--requests", type=int, default=16, help="requests per level")
+    p.add_argument("--requests", type=int, default=None,
+                   help="requests per level (default: 48 with --compare, else 16)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--prompts", choices=("distinct", "repeated"), default="distinct",
                    help="distinct: no request of a run asks what another asked (eight kinds of chat request, their "
@@ -50,7 +51,7 @@ def add_parser(subparsers) -> None:
                         "median run: a shared machine drifts between runs (default: 3 with --compare, else 1)")
     p.add_argument("--warmup", type=int, default=None, metavar="N",
                    help="requests each stack serves, one at a time, before the first level, not counted (default: "
-                        "4 for the local stacks, which start cold; 0 with --server or --http URL); their prompts are "
+                        "16 for the local stacks, which start cold; 0 with --server or --http URL); their prompts are "
                         "none of the measured ones")
     p.add_argument("--plot", default=None, help="write throughput against concurrency as PNG here")
     p.add_argument("--json", action="store_true")
@@ -65,8 +66,13 @@ def run(args: argparse.Namespace) -> int:
         levels = [int(c) for c in args.concurrency.split(",")]
     except ValueError:
         raise InvalidArgument(f"--concurrency must be comma-separated integers, got {args.concurrency!r}") from None
-    if args.rounds is None:  # one round's ratio is as noisy as the gains under load are large (README, "Load test")
+    # A comparison's defaults: a round of 16 requests holds two of each of the eight kinds of prompt, so its ratio
+    # moves with the sample (one user 1.36-1.60 in one run) by as much as speculation gains under load; and one
+    # round's ratio moves with the machine (README, "Load test").
+    if args.rounds is None:
         args.rounds = COMPARE_ROUNDS if args.compare else 1
+    if args.requests is None:
+        args.requests = COMPARE_REQUESTS if args.compare else 16
     if not levels or min(levels) < 1 or args.requests < 1 or args.rounds < 1:
         raise InvalidArgument("--concurrency levels, --requests and --rounds must be >= 1")
     if args.warmup is not None and args.warmup < 0:
@@ -110,8 +116,10 @@ def run(args: argparse.Namespace) -> int:
         warmup = args.warmup if args.warmup is not None else (0 if remote else WARMUP_REQUESTS)
         for label, (address, http_url) in zip(labels, targets) if warmup else ():
             # A cold stack's first requests pay what a running server has long paid: the thread team's first
-            # forward of each size, the speculation policy's first cost measurements (README, "Load test": a
-            # cold one-user level was its stack's slowest round). Prompts after every measured one.
+            # forward of each size, the speculation policy's first cost measurements, and a drafter that learns
+            # from answers (suffix decoding, the hybrid) drafting from none: in process the hybrid's first 16 of
+            # the load test's requests ran tau 1.5-1.8 against ~2.0 after (README, "Load test"). Prompts after
+            # every measured one, so none is measured twice.
             run_level(address, 1, warmup, params, http_url=http_url, client_options=options,
                       first_index=args.rounds * len(levels) * args.requests, repeated=args.prompts == "repeated")
         for c in levels:
@@ -146,8 +154,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-WARMUP_REQUESTS = 4  # per local stack, before the first level (--warmup)
+WARMUP_REQUESTS = 16  # per local stack, before the first level (--warmup)
 COMPARE_ROUNDS = 3  # --compare's rounds unless --rounds says otherwise
+COMPARE_REQUESTS = 48  # --compare's requests per level unless --requests says otherwise
 
 
 def default_drafter(target: str | None) -> str:

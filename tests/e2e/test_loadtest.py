@@ -199,9 +199,9 @@ def test_compare_reports_the_median_of_paired_rounds(monkeypatch, capsys):
     monkeypatch.setattr(specdec.loadtest, "run_level", fake_level)
     assert main(["loadtest", "--compare", "--drafter", "ngram", "--concurrency", "1", "--requests", "2",
                  "--rounds", "3", "--json"]) == 0
-    # first each local stack's warm-up (4 requests, prompts after all 3 rounds' 6), uncounted; then the
+    # first each local stack's warm-up (16 requests, prompts after all 3 rounds' 6), uncounted; then the
     # rounds, both stacks on the same prompts in a round
-    assert sorted(calls[:2]) == [("no speculation", 6, 4), ("speculative", 6, 4)]
+    assert sorted(calls[:2]) == [("no speculation", 6, 16), ("speculative", 6, 16)]
     assert sorted(calls[2:]) == sorted((a, i, 2) for a in throughputs for i in (0, 2, 4))
     out = capsys.readouterr()
     result = json.loads(out.out)
@@ -211,9 +211,10 @@ def test_compare_reports_the_median_of_paired_rounds(monkeypatch, capsys):
     assert "1.60x no speculation (median over rounds, each on the same prompts: 1.50, 1.60, 4.00)" in out.err
 
 
-def test_compare_runs_three_rounds_unless_told(monkeypatch):
-    """One round's paired ratio moves by about what speculation gains under load, so --compare alone runs three;
-    --rounds still decides, and without --compare one round is the default."""
+def test_compare_runs_three_rounds_of_48_requests_unless_told(monkeypatch):
+    """One round's paired ratio moves by about what speculation gains under load, so --compare alone runs three
+    rounds of 48 requests a level; --rounds and --requests still decide, and without --compare one round of 16 is
+    the default."""
     import contextlib
 
     import specdec.loadtest
@@ -238,6 +239,10 @@ def test_compare_runs_three_rounds_unless_told(monkeypatch):
         assert main(["loadtest", *argv, "--concurrency", "1", "--requests", "5", "--warmup", "0"]) == 0
         measured = [c for c in calls if c[1] == 5]
         assert len(measured) == rounds * (2 if "--compare" in argv else 1), (argv, calls)
+    for argv, requests in ((["--compare"], 48), (["--compare", "--requests", "7"], 7), ([], 16)):
+        calls.clear()
+        assert main(["loadtest", *argv, "--concurrency", "1", "--rounds", "1", "--warmup", "0"]) == 0
+        assert {n for _, n in calls} == {requests}, (argv, calls)
 
 
 def test_distinct_prompts_never_repeat_and_repeated_ones_cycle():
