@@ -114,12 +114,12 @@ def run(args: argparse.Namespace) -> int:
         runs = {label: [] for label in labels}
         first_index = {label: 0 for label in labels}
         warmup = args.warmup if args.warmup is not None else (0 if remote else WARMUP_REQUESTS)
-        for label, (address, http_url) in zip(labels, targets) if warmup else ():
-            # A cold stack's first requests pay what a running server has long paid: the thread team's first
-            # forward of each size, the speculation policy's first cost measurements, and a drafter that learns
-            # from answers (suffix decoding, the hybrid) drafting from none: in process the hybrid's first 16 of
-            # the load test's requests ran tau 1.5-1.8 against ~2.0 after (README, "Load test"). Prompts after
-            # every measured one, so none is measured twice.
+        # A cold stack's first requests pay what a running server has long paid: the thread team's first forward
+        # of each size, the speculation policy's first cost measurements, and a drafter that learns from answers
+        # (suffix decoding, the hybrid) drafting from none: in process the hybrid's first 16 of the load test's
+        # requests ran tau 1.5-1.8 against ~2.0 after (README, "Load test"). Distinct prompts after every measured
+        # one, so none is measured twice.
+        for address, http_url in targets if warmup else ():
             run_level(address, 1, warmup, params, http_url=http_url, client_options=options,
                       first_index=args.rounds * len(levels) * args.requests, repeated=args.prompts == "repeated")
         for c in levels:
