@@ -77,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidArgument("--concurrency levels, --requests and --rounds must be >= 1")
     if args.warmup is not None and args.warmup < 0:
         raise InvalidArgument(f"--warmup must be >= 0, got {args.warmup}")
-    if (args.server or args.http) and args.compare:
+    remote = bool(args.server or args.http)  # a server given: its own drafter, already warm, not started here
+    if remote and args.compare:
         raise InvalidArgument("--compare starts its own stacks; it cannot be used with --server or --http URL")
     if args.server and args.http == "":
         raise InvalidArgument("with --server, give the HTTP API's address: --http http://HOST:PORT")
@@ -93,15 +94,13 @@ def run(args: argparse.Namespace) -> int:
         options = client_options(load_stack_config(args.config))
     drafters = drafter_list(args.drafter or default_drafter(args.target), args.compare)
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
-    # a server given (--server, --http URL) drafts with whatever it was started with: its figures say so
-    remote = bool(args.server or args.http)
     configs = [("no speculation" if args.no_spec else "server" if remote else drafters[0],
                 None if args.no_spec else drafters[0])]
     if args.compare:  # one speculative stack per drafter, then the plain one
         configs = [("speculative" if len(drafters) == 1 else f"speculative ({d})", d) for d in drafters]
         configs.append(("no speculation", None))
     labels = [label + (" over HTTP" if args.http is not None else "") for label, _ in configs]
-    if not (args.server or args.http):  # local stacks: the figures depend on this machine
+    if not remote:  # local stacks: the figures depend on this machine
         from specdec.bench.machine import machine_info
 
         machine = machine_info()
@@ -119,9 +118,10 @@ def run(args: argparse.Namespace) -> int:
         # (suffix decoding, the hybrid) drafting from none: in process the hybrid's first 16 of the load test's
         # requests ran tau 1.5-1.8 against ~2.0 after (README, "Load test"). Distinct prompts after every measured
         # one, so none is measured twice.
-        for address, http_url in targets if warmup else ():
-            run_level(address, 1, warmup, params, http_url=http_url, client_options=options,
-                      first_index=args.rounds * len(levels) * args.requests, repeated=args.prompts == "repeated")
+        if warmup:
+            for address, http_url in targets:
+                run_level(address, 1, warmup, params, http_url=http_url, client_options=options,
+                          first_index=args.rounds * len(levels) * args.requests, repeated=args.prompts == "repeated")
         for c in levels:
             tries = {label: [] for label in labels}
             for r in range(args.rounds):  # rotate the order, so drift of a shared machine hits every side

@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from specdec.client import Client
 from specdec.launch import Stack
 
@@ -12,6 +14,15 @@ from specdec.launch import Stack
 def loadtest(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "specdec.cli", "loadtest", *args], capture_output=True, text=True,
                           timeout=300)
+
+
+def loadtest_admitting(stack: Stack, *args: str) -> tuple[subprocess.CompletedProcess, int]:
+    """`specdec loadtest --server` against the stack, and how many requests its router admitted meanwhile."""
+    with Client(stack.address) as client:
+        admitted_before = client.server_info().num_admitted
+    result = loadtest("--server", stack.address, *args)
+    with Client(stack.address) as client:
+        return result, client.server_info().num_admitted - admitted_before
 
 
 def test_reports_every_level(drafting_stack: Stack, tmp_path):
@@ -38,18 +49,15 @@ def test_reports_every_level(drafting_stack: Stack, tmp_path):
 
 
 def test_drives_the_http_api(draft_stack: Stack):
-    with Client(draft_stack.address) as client:
-        admitted_before = client.server_info().num_admitted
-    result = loadtest("--server", draft_stack.address, "--http", f"http://{draft_stack.http_address}",
-                      "--concurrency", "2", "--requests", "3", "--max-new-tokens", "12", "--json")
+    result, admitted = loadtest_admitting(draft_stack, "--http", f"http://{draft_stack.http_address}",
+                                          "--concurrency", "2", "--requests", "3", "--max-new-tokens", "12", "--json")
     assert result.returncode == 0, result.stderr
     ((label, (level,)),) = json.loads(result.stdout).items()
     assert label.endswith("over HTTP") and "over HTTP" in result.stderr
     assert level["num_errors"] == 0 and level["num_requests"] == 3 and level["output_tokens_per_s"] > 0
     assert 0 < level["ttft_p50_s"] and 0 < level["tpot_p50_s"] and level["tau"] >= 1.0
     assert level["mean_batch_size"] >= 1.0  # the server's figure, asked over gRPC
-    with Client(draft_stack.address) as client:
-        assert client.server_info().num_admitted == admitted_before + 3  # they went through this router
+    assert admitted == 3  # they went through this router
 
 
 def test_bad_levels_exit_2():
@@ -127,31 +135,25 @@ def test_drafter_lists_need_compare_and_known_names():
 
 
 def test_rounds_repeat_each_level_and_report_the_median_run(draft_stack: Stack):
-    with Client(draft_stack.address) as client:
-        admitted_before = client.server_info().num_admitted
-    result = loadtest("--server", draft_stack.address, "--concurrency", "1", "--requests", "2", "--rounds", "3",
-                      "--max-new-tokens", "8", "--json")
+    result, admitted = loadtest_admitting(draft_stack, "--concurrency", "1", "--requests", "2", "--rounds", "3",
+                                          "--max-new-tokens", "8", "--json")
     assert result.returncode == 0, result.stderr
     ((_, (level,)),) = json.loads(result.stdout).items()
     assert level["num_requests"] == 2 and level["num_errors"] == 0
-    with Client(draft_stack.address) as client:
-        assert client.server_info().num_admitted == admitted_before + 6  # three runs of the level
+    assert admitted == 6  # three runs of the level
     assert loadtest("--server", "127.0.0.1:1", "--rounds", "0").returncode == 2
 
 
 def test_warmup_requests_go_first_and_are_not_counted(draft_stack: Stack):
     """--warmup N: N requests before the first level, none of them in the level's figures (a server given
     with --server is warmed only when asked: the test above counts exactly its measured requests)."""
-    with Client(draft_stack.address) as client:
-        admitted_before = client.server_info().num_admitted
-    result = loadtest("--server", draft_stack.address, "--concurrency", "1", "--requests", "2", "--warmup", "3",
-                      "--max-new-tokens", "8", "--json")
+    result, admitted = loadtest_admitting(draft_stack, "--concurrency", "1", "--requests", "2", "--warmup", "3",
+                                          "--max-new-tokens", "8", "--json")
     assert result.returncode == 0, result.stderr
     ((label, (level,)),) = json.loads(result.stdout).items()
     assert label == "server"  # its drafter is the server's, not a local stack's default
     assert level["num_requests"] == 2 and level["num_errors"] == 0
-    with Client(draft_stack.address) as client:
-        assert client.server_info().num_admitted == admitted_before + 5
+    assert admitted == 5  # the 3 warm-ups went first, uncounted
     bad = loadtest("--server", "127.0.0.1:1", "--warmup", "-1")
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == ["specdec: error: --warmup must be >= 0, got -1"]
 
@@ -173,34 +175,45 @@ def test_paired_speedups_divide_round_by_round():
     assert paired_speedups([level(30.0)], [level(0.0)]) == []  # a round with no plain output has no ratio
 
 
-def test_compare_reports_the_median_of_paired_rounds(monkeypatch, capsys):
-    """--compare: each stack's median run, plus the median of round-by-round ratios, which pair runs on
-    the same prompts (here the median runs, 200 / 100, give 2.0; the paired rounds 1.5, 1.6, 4.0)."""
+@pytest.fixture
+def fake_stacks(monkeypatch) -> dict:
+    """`specdec loadtest` with no stacks started and no request sent: each local stack's address is its label, and
+    a level's throughput is `fake["throughputs"][label][round]` (a level's round: its first prompt // requests,
+    modulo 3), 10 tok/s where none is given. fake["calls"] lists (address, first prompt, requests) per level run."""
     import contextlib
 
     import specdec.loadtest
-    from specdec.cli import main
     from specdec.commands import loadtest as command
     from specdec.loadtest import LevelResult
 
-    throughputs = {"speculative": [150.0, 200.0, 400.0], "no speculation": [100.0, 125.0, 100.0]}
-    calls = []
+    fake = {"calls": [], "throughputs": {}}
 
     @contextlib.contextmanager
     def fake_stack(args, drafter):
         yield ("speculative" if drafter else "no speculation", None)
 
     def fake_level(address, concurrency, num_requests, params, first_index=0, **kwargs):
-        calls.append((address, first_index, num_requests))
-        tps = throughputs[address][first_index // num_requests % 3]
+        fake["calls"].append((address, first_index, num_requests))
+        tps = fake["throughputs"].get(address, [10.0] * 3)[first_index // num_requests % 3]
         return LevelResult(concurrency, num_requests, 0, tps, 0.1, 0.2, 0.01, 0.02, 0.5, 1.5, 1.0)
 
     monkeypatch.setattr(command, "_stack", fake_stack)
     monkeypatch.setattr(specdec.loadtest, "run_level", fake_level)
+    return fake
+
+
+def test_compare_reports_the_median_of_paired_rounds(fake_stacks, capsys):
+    """--compare: each stack's median run, plus the median of round-by-round ratios, which pair runs on
+    the same prompts (here the median runs, 200 / 100, give 2.0; the paired rounds 1.5, 1.6, 4.0)."""
+    from specdec.cli import main
+
+    throughputs = fake_stacks["throughputs"]
+    throughputs.update({"speculative": [150.0, 200.0, 400.0], "no speculation": [100.0, 125.0, 100.0]})
     assert main(["loadtest", "--compare", "--drafter", "ngram", "--concurrency", "1", "--requests", "2",
                  "--rounds", "3", "--json"]) == 0
     # first each local stack's warm-up (16 requests, prompts after all 3 rounds' 6), uncounted; then the
     # rounds, both stacks on the same prompts in a round
+    calls = fake_stacks["calls"]
     assert sorted(calls[:2]) == [("no speculation", 6, 16), ("speculative", 6, 16)]
     assert sorted(calls[2:]) == sorted((a, i, 2) for a in throughputs for i in (0, 2, 4))
     out = capsys.readouterr()
@@ -211,38 +224,21 @@ def test_compare_reports_the_median_of_paired_rounds(monkeypatch, capsys):
     assert "1.60x no speculation (median over rounds, each on the same prompts: 1.50, 1.60, 4.00)" in out.err
 
 
-def test_compare_runs_three_rounds_of_48_requests_unless_told(monkeypatch):
+def test_compare_runs_three_rounds_of_48_requests_unless_told(fake_stacks):
     """One round's paired ratio moves by about what speculation gains under load, so --compare alone runs three
     rounds of 48 requests a level; --rounds and --requests still decide, and without --compare one round of 16 is
     the default."""
-    import contextlib
-
-    import specdec.loadtest
     from specdec.cli import main
-    from specdec.commands import loadtest as command
-    from specdec.loadtest import LevelResult
 
-    calls = []
-
-    @contextlib.contextmanager
-    def fake_stack(args, drafter):
-        yield ("speculative" if drafter else "no speculation", None)
-
-    def fake_level(address, concurrency, num_requests, params, first_index=0, **kwargs):
-        calls.append((address, num_requests))
-        return LevelResult(concurrency, num_requests, 0, 10.0, 0.1, 0.2, 0.01, 0.02, 0.5, 1.5, 1.0)
-
-    monkeypatch.setattr(command, "_stack", fake_stack)
-    monkeypatch.setattr(specdec.loadtest, "run_level", fake_level)
+    calls = fake_stacks["calls"]
     for argv, rounds in ((["--compare"], 3), (["--compare", "--rounds", "2"], 2), ([], 1)):
         calls.clear()
         assert main(["loadtest", *argv, "--concurrency", "1", "--requests", "5", "--warmup", "0"]) == 0
-        measured = [c for c in calls if c[1] == 5]
-        assert len(measured) == rounds * (2 if "--compare" in argv else 1), (argv, calls)
+        assert len(calls) == rounds * (2 if "--compare" in argv else 1), (argv, calls)
     for argv, requests in ((["--compare"], 48), (["--compare", "--requests", "7"], 7), ([], 16)):
         calls.clear()
         assert main(["loadtest", *argv, "--concurrency", "1", "--rounds", "1", "--warmup", "0"]) == 0
-        assert {n for _, n in calls} == {requests}, (argv, calls)
+        assert {n for _, _, n in calls} == {requests}, (argv, calls)
 
 
 def test_distinct_prompts_never_repeat_and_repeated_ones_cycle():
