@@ -26,6 +26,7 @@ import torch
 
 from specdec.core.tree import DraftTree
 from specdec.core.types import SamplingParams
+from specdec.drafters.trained import draft_dtype
 from specdec.drafters.eagle_layer import EagleConfig, EagleHead, load_eagle
 from specdec.errors import InvalidArgument
 from specdec.kernels.build import ROWS_AVX512, load_kernel
@@ -120,16 +121,6 @@ class EagleSession:
                 slots[node] = num_past + row
             frontier = [(node, outputs[node]) for node in expand]
         return rerank(tokens, parents, scores, levels, num_nodes)
-
-
-def draft_dtype(runner) -> torch.dtype:
-    """The head's dtype: bfloat16 beside a float32 target where the CPU multiplies bfloat16 natively and
-    specdec's kernels run (half the bytes a draft level streams; a draft needs no float32 exactness, as
-    verification decides every token), else the target's."""
-    if (runner.dtype == torch.float32 and runner.device.type == "cpu" and load_kernel().native_bf16
-            and runner.linear_kernel.kernel == "specdec"):
-        return torch.bfloat16
-    return runner.dtype
 
 
 def kernel_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

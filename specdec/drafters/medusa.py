@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from specdec.core.tree import DraftTree, paths_to_parents
 from specdec.core.types import SamplingParams
+from specdec.drafters.trained import draft_dtype
 from specdec.errors import InvalidArgument, ModelNotFound
 from specdec.kernels.build import ROWS_AVX512, load_kernel
 from specdec.kernels.linear import PackedLinear, install_with_rows
@@ -240,13 +241,15 @@ class MedusaDrafter:
 
     @classmethod
     def load(cls, path: Path, runner, num_nodes: int = 0) -> MedusaDrafter:
-        """runner: the target's ModelRunner (its LM head is the heads' shared LM head)."""
-        heads, vocab_ids, config = load_medusa(path, runner.dtype)
+        """runner: the target's ModelRunner (its LM head is the heads' shared LM head). The heads and their
+        rows of it run in draft_dtype: bfloat16 beside a float32 target where the CPU multiplies it natively."""
+        dtype = draft_dtype(runner)
+        heads, vocab_ids, config = load_medusa(path, dtype)
         if runner.head_weight is None or config.hidden_size != runner.head_weight.shape[1] \
                 or config.target_vocab_size != runner.vocab_size:
             raise InvalidArgument(f"Medusa heads in {str(path)!r} were trained for another target "
                                   f"(hidden {config.hidden_size}, vocab {config.target_vocab_size})")
-        drafter = cls(heads, vocab_ids, runner.head_weight, config, num_nodes)
+        drafter = cls(heads, vocab_ids, runner.head_weight.to(dtype), config, num_nodes)
         drafter.use_kernels(runner.run_config.linear_kernel)
         return drafter
 

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from specdec.errors import InvalidArgument
+from specdec.kernels.build import load_kernel
 
 
 def checkpoints_dir() -> Path:
@@ -42,3 +45,14 @@ def build_self_drafter(name: str, target, draft_path, options: dict):
     from specdec.drafters.eagle import EagleDrafter
 
     return EagleDrafter.load(path, target.model, runner, fused=name == "eagle3", **options)
+
+
+def draft_dtype(runner) -> torch.dtype:
+    """A self-drafting head's dtype beside the target's runner: bfloat16 beside a float32 target where the
+    CPU multiplies bfloat16 natively and specdec's kernels run (half the bytes a head streams, and dot-pairs
+    do twice an FMA's arithmetic; a draft needs no float32 exactness, as verification decides every token),
+    else the target's."""
+    if (runner.dtype == torch.float32 and runner.device.type == "cpu" and load_kernel().native_bf16
+            and runner.linear_kernel.kernel == "specdec"):
+        return torch.bfloat16
+    return runner.dtype

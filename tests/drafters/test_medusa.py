@@ -229,3 +229,19 @@ def test_batched_medusa_greedy_equals_alone(tiny_target, tiny_medusa_dir, broken
     monkeypatch.setattr(MedusaDrafter, "prepare", prepare)
     assert generate_batch(engine, prompts, params, max_batch=4, load_aware=False) == alone
     assert calls and max(calls) == 4
+
+
+def test_heads_run_in_bf16_beside_a_float32_target_where_the_cpu_multiplies_bf16(tiny_target, tiny_medusa_dir):
+    """As EAGLE's head: where the CPU has AVX512-BF16, the heads and their rows of the LM head stream half
+    the bytes beside a float32 target (drafts need no float32 exactness), and greedy output still equals
+    plain decoding's; elsewhere they keep the target's dtype (specdec.drafters.trained.draft_dtype)."""
+    from specdec.kernels.build import load_kernel
+
+    engine = Engine.from_pretrained(target=tiny_target, drafter="medusa", draft=str(tiny_medusa_dir))
+    want = torch.bfloat16 if load_kernel().native_bf16 else torch.float32
+    drafter = engine.drafter
+    assert engine.runner.dtype == torch.float32
+    assert drafter.head_weight.dtype == want and next(drafter.heads.parameters()).dtype == want
+    plain = Engine.from_pretrained(target=tiny_target)
+    for prompt in PROMPTS:
+        assert engine.generate(prompt, GREEDY).token_ids == plain.generate(prompt, GREEDY).token_ids
