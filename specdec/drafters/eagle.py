@@ -26,8 +26,8 @@ import torch
 
 from specdec.core.tree import DraftTree
 from specdec.core.types import SamplingParams
-from specdec.drafters.trained import draft_dtype
 from specdec.drafters.eagle_layer import EagleConfig, EagleHead, load_eagle
+from specdec.drafters.trained import draft_dtype
 from specdec.errors import InvalidArgument
 from specdec.kernels.build import ROWS_AVX512, load_kernel
 from specdec.kernels.linear import PackedLinear, install_with_rows
