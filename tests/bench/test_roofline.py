@@ -61,4 +61,8 @@ def test_the_arithmetic_peak_is_a_rate(bf16):
     assert math.isfinite(rate) and 1.0 < rate < 1e5
     with pytest.raises(RuntimeError, match="iters > 0"):
         module.arith_peak(bf16, 0)
-    assert import_benchmark("roofline").arith_peak_gflops(torch.bfloat16 if bf16 else torch.float32, samples=1) > 1.0
+    peak = import_benchmark("roofline").arith_peak_gflops(torch.bfloat16 if bf16 else torch.float32, samples=1)
+    if bf16 and load_kernel().isa == "amx_bf16":  # bf16 products run on AMX tiles, which the loop does not time
+        assert peak is None
+    else:
+        assert peak > 1.0
