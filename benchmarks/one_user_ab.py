@@ -6,10 +6,10 @@ speculative step's time goes (verify forward, drafting) beside a plain step's.
 
 What `specdec loadtest --compare` does at one user, without the router and gRPC: both engines first answer
 `--warmup` prompts (kernels, caches, the policy's costs, suffix decoding's store), then each round gives both
-the same `--prompts-per-round` new prompts, plain first. Per round: the speedup, plain and speculative
-tokens/s, tau (tokens per target forward), the nodes verified per step, the verify forward's and drafting's
-milliseconds per step, a whole step's against a plain step's (prefill included in both), and whether the
-tokens equal plain decoding's (greedy: they must).
+the same `--prompts-per-round` new prompts, plain first in even rounds and second in odd ones. Per round:
+the speedup, plain and speculative tokens/s, tau (tokens per target forward), the nodes verified per step,
+the verify forward's and drafting's milliseconds per step, a whole step's against a plain step's (prefill
+included in both), and whether the tokens equal plain decoding's (greedy: they must).
 """
 from __future__ import annotations
 
@@ -52,7 +52,10 @@ def main() -> None:
     for r in range(args.rounds):
         first = args.warmup + r * args.prompts_per_round
         prompts = [distinct_prompt(first + i) for i in range(args.prompts_per_round)]
-        base, ours = run_round(plain, prompts, params), run_round(spec, prompts, params)
+        if r % 2 == 0:  # the order alternates, so a machine that drifts within a round favours neither
+            base, ours = run_round(plain, prompts, params), run_round(spec, prompts, params)
+        else:
+            ours, base = run_round(spec, prompts, params), run_round(plain, prompts, params)
         print(f"round {r}: {ours['tok_s'] / base['tok_s']:.2f}x  plain {base['tok_s']:.1f} tok/s  "
               f"{args.drafter} {ours['tok_s']:.1f} tok/s  tau {ours['tau']:.2f}  nodes/step {ours['nodes']:.1f}  "
               f"verify {ours['verify_ms']:.1f} ms  drafting {ours['draft_ms']:.2f} ms  step {ours['step_ms']:.1f} ms "
