@@ -5,8 +5,10 @@
 // rows of 64 bytes 128 bytes apart (outputs 16-31 are the other 64 bytes). So a packed tile streams from
 // memory once per call, as on the vector paths, and each 16-pair step is two TDPBF16PS per group of up to
 // 16 rows: the arithmetic of 16 rows costs about what one row's does, and the cost stays the weights'.
-// Where k has no tail, two packed tiles go through the steps together (AMX_STEP_PAIR), or with 17-32 rows
-// one packed tile for both row groups (AMX_STEP_GROUPS): four independent products a step either way.
+// With 17-32 rows (k with no tail) one packed tile goes through the steps once for both row groups
+// (AMX_STEP_GROUPS). Up to 16 rows, one packed tile at a time: two tiles a step (four accumulator chains)
+// measured 0.6-3% slower forward by forward on a 2-core Xeon VM, and 23-26% slower in the minutes when its
+// tile products ran slow (a neighbour on the core's tile unit, likely), which one tile at a time rode out.
 //
 // Exactness. AMX sums a step's products in its own order and precision, not VDPBF16PS's: its float32
 // results differ from the vector paths' in the last bits (checked on a Xeon: 236 of 256 outputs over
@@ -54,15 +56,6 @@ TileConfig config_for(int64_t rows, int64_t tail) {
     c.rows[5] = rows, c.colsb[5] = tail * 4;
     for (int t : {6, 7}) c.rows[t] = tail, c.colsb[t] = 64;
   }
-  return c;
-}
-
-// Two packed tiles a step (no tail): tiles 0, 1 and 5, 6 the accumulators of tiles t and t + 1, tile 2 x,
-// tiles 3, 4 and 7 the weights (3 twice a step).
-TileConfig config_for_pairs(int64_t rows) {
-  TileConfig c;
-  for (int t : {0, 1, 2, 5, 6}) c.rows[t] = rows, c.colsb[t] = 64;
-  for (int t : {3, 4, 7}) c.rows[t] = STEP, c.colsb[t] = 64;
   return c;
 }
 
@@ -142,26 +135,6 @@ bool specdec_parts::amx_bf16_ready() {
                std::min(TILE, n_out - (t) * TILE), out_fp32);                                          \
   } while (0)
 
-// Step s of packed tiles t and t + 1 (wp: tile t's): four products from one load of x. Each accumulator
-// runs the chain it runs alone (from zero, step after step), so the bits are the same; a step now holds
-// four independent products instead of two, so the tile unit has more to overlap while a product waits on
-// its accumulator's previous one (SmolLM2 in bf16 on a 2-core Xeon: forwards of 8-32 rows 3-7% faster,
-// one row the same).
-#define AMX_STEP_PAIR(s)                                         \
-  do {                                                           \
-    const uint16_t* ws = wp + (s) * STEP * 2 * TILE;             \
-    const uint16_t* wn = ws + tile_elems;                        \
-    _tile_loadd(2, xr + (s) * STEP, K2 * 4);                     \
-    _tile_loadd(3, ws, 2 * TILE * 2);                            \
-    _tile_loadd(4, ws + TILE, 2 * TILE * 2);                     \
-    _tile_dpbf16ps(0, 2, 3);                                     \
-    _tile_dpbf16ps(1, 2, 4);                                     \
-    _tile_loadd(7, wn, 2 * TILE * 2);                            \
-    _tile_dpbf16ps(5, 2, 7);                                     \
-    _tile_loadd(3, wn + TILE, 2 * TILE * 2);                     \
-    _tile_dpbf16ps(6, 2, 3);                                     \
-  } while (0)
-
 // Step s of one packed tile for two row groups (xa, xb): the weights' two halves loaded once, four products.
 // Each accumulator runs the chain its group runs alone, so the bits are those of two passes.
 #define AMX_STEP_GROUPS(s)                                       \
@@ -216,17 +189,13 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) void specdec_parts::bf16_am
   const int64_t tile_elems = K2 * 2 * TILE;  // uint16 per packed tile
   alignas(64) float acc[MOST][TILE];
   int64_t configured = 0;
-  const bool pairs = tail == 0;  // K a whole number of steps (every model dimension a multiple of 32)
-  for (int64_t t = begin; t < end;) {
-    const bool pair = pairs && t + 1 < end;
+  for (int64_t t = begin; t < end; ++t) {
     const uint16_t* wp = wd + t * tile_elems;
-    const int64_t width = pair ? 2 : 1;  // packed tiles this pass
-    const char* pf = t + width < end ? reinterpret_cast<const char*>(wp + width * tile_elems) : nullptr;
-    const char* pf2 = pair && t + 3 < end ? pf + tile_elems * 2 : nullptr;  // the next pair's second tile
+    const char* pf = t + 1 < end ? reinterpret_cast<const char*>(wp + tile_elems) : nullptr;  // the next tile
     for (int64_t row = 0, g = 0; row < M; ++g) {
       const int64_t rows = group_rows(M - row);
       if (rows != configured) {
-        const TileConfig config = pairs ? config_for_pairs(rows) : config_for(rows, tail);
+        const TileConfig config = config_for(rows, tail);
         asm volatile("" : : "r"(&config) : "memory");  // GCC 12 may drop the stores ldtilecfg reads otherwise
         _tile_loadconfig(&config);
         configured = rows;
@@ -235,26 +204,16 @@ __attribute__((target("amx-tile,amx-bf16,avx512f"))) void specdec_parts::bf16_am
       const uint32_t* xr = xp + row * K2;
       _tile_zero(0);
       _tile_zero(1);
-      if (pair) {
-        _tile_zero(5);
-        _tile_zero(6);
-      }
       for (int64_t s = 0; s < steps + (tail ? 1 : 0); ++s) {
-        const int64_t lo = std::max(pf_lo, s * STEP), hi = std::min(pf_hi, (s + 1) * STEP);
-        if (pf != nullptr) prefetch_pairs(pf, lo, hi);
-        if (pf2 != nullptr) prefetch_pairs(pf2, lo, hi);
-        if (pair)
-          AMX_STEP_PAIR(s);
-        else if (s < steps)
+        if (pf != nullptr) prefetch_pairs(pf, std::max(pf_lo, s * STEP), std::min(pf_hi, (s + 1) * STEP));
+        if (s < steps)
           AMX_STEP(2, 3, 4, s);
         else
           AMX_STEP(5, 6, 7, s);  // the last `tail` pairs, on tiles shaped for them
       }
       AMX_STORE(0, 1, t, row, rows);
-      if (pair) AMX_STORE(5, 6, t + 1, row, rows);
       row += rows;
     }
-    t += width;
   }
   if (configured) _tile_release();
 }
