@@ -56,7 +56,8 @@ RANDOM_DRAFT = "random"
 
 def build_drafter(name: str, target, draft_path, options: dict, dtype, runner_config=None):
     """A Drafter for `name` (None for plain decoding). target: the LoadedModel being served.
-    runner_config: how a draft model's forwards run (specdec.models.runner.RunnerConfig; None = default)."""
+    runner_config: how a draft model's forwards run, and which kernel self-drafting heads run on
+    (specdec.models.runner.RunnerConfig; None = default)."""
     options = parse_options(name, options)  # refuses an unknown drafter too
     if draft_path is not None and name not in TRAINED_DRAFTERS:
         raise InvalidArgument(f"a draft checkpoint path was given but drafter is {name!r}; "
@@ -77,11 +78,11 @@ def build_drafter(name: str, target, draft_path, options: dict, dtype, runner_co
     if name == "hybrid":
         from specdec.drafters.hybrid import build_hybrid
 
-        return build_hybrid(target, draft_path, options)
+        return build_hybrid(target, draft_path, options, runner_config)
     if name in SELF_DRAFTERS:
         from specdec.drafters.trained import build_self_drafter
 
-        return build_self_drafter(name, target, draft_path, options)
+        return build_self_drafter(name, target, draft_path, options, runner_config)
     from specdec.drafters.draft_model import DraftModelConfig, DraftModelDrafter
     from specdec.drafters.trained import shipped_checkpoint
     from specdec.models.loader import load_model, random_draft_path

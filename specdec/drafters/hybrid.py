@@ -161,13 +161,14 @@ class HybridDrafter:
         self.suffix.reset()
 
 
-def build_hybrid(target, draft_path, options: dict) -> HybridDrafter:
+def build_hybrid(target, draft_path, options: dict, runner_config=None) -> HybridDrafter:
     """The hybrid drafter over `target`: Medusa heads from draft_path (or the shipped checkpoint),
-    suffix decoding with the remaining options."""
+    suffix decoding with the remaining options. runner_config: build_self_drafter's."""
     from specdec.drafters.suffix import SuffixConfig, SuffixDrafter
     from specdec.drafters.trained import build_self_drafter
 
     config = HybridConfig(**{k: v for k, v in options.items() if k in HYBRID_OPTIONS})
     suffix = SuffixDrafter(SuffixConfig(**{k: v for k, v in options.items() if k not in HYBRID_OPTIONS}))
-    medusa = build_self_drafter("medusa", target, draft_path, {"num_nodes": config.medusa_nodes})
+    medusa = build_self_drafter("medusa", target, draft_path, {"num_nodes": config.medusa_nodes},
+                                runner_config)
     return HybridDrafter(suffix, medusa, config)

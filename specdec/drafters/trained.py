@@ -29,15 +29,17 @@ def shipped_checkpoint(name: str, target) -> Path | None:
     return path
 
 
-def build_self_drafter(name: str, target, draft_path, options: dict):
-    """A Medusa, EAGLE or EAGLE-3 drafter reading `target`'s features, from draft_path or the shipped checkpoint."""
-    from specdec.models.runner import ModelRunner
+def build_self_drafter(name: str, target, draft_path, options: dict, runner_config=None):
+    """A Medusa, EAGLE or EAGLE-3 drafter reading `target`'s features, from draft_path or the shipped checkpoint.
+    runner_config: the engine's (specdec.models.runner.RunnerConfig; None = default), so the heads run on the
+    kernel the target runs on: a runner installs its kernel into the model it is given, the target's here."""
+    from specdec.models.runner import ModelRunner, RunnerConfig
 
     path = Path(draft_path).expanduser() if draft_path is not None else shipped_checkpoint(name, target)
     if path is None:
         raise InvalidArgument(f"no trained {name} drafter is shipped for the target {str(target.path)!r}; "
                               f"train one (specdec train {name} --target PATH --out DIR) and pass draft=DIR")
-    runner = ModelRunner(target.model)
+    runner = ModelRunner(target.model, config=runner_config or RunnerConfig())
     if name == "medusa":
         from specdec.drafters.medusa import MedusaDrafter
 

@@ -245,3 +245,21 @@ def test_heads_run_in_bf16_beside_a_float32_target_where_the_cpu_multiplies_bf16
     plain = Engine.from_pretrained(target=tiny_target)
     for prompt in PROMPTS:
         assert engine.generate(prompt, GREEDY).token_ids == plain.generate(prompt, GREEDY).token_ids
+
+
+@pytest.mark.parametrize("drafter", ["medusa", "hybrid"])
+def test_heads_run_on_the_kernel_the_engine_was_given(tiny_target, tiny_medusa_dir, drafter):
+    """linear_kernel reaches the heads as it reaches the target: building the drafter once installed the default
+    kernel into the target's model and ran the heads on it whatever the engine was asked for."""
+    from specdec.kernels.linear import PackedLinear
+
+    engine = Engine.from_pretrained(target=tiny_target, drafter=drafter, draft=str(tiny_medusa_dir),
+                                    linear_kernel="torch")
+    medusa = engine.drafter.medusa if drafter == "hybrid" else engine.drafter
+    assert engine.runner.linear_kernel.kernel == "torch"
+    assert medusa.fused is None and not isinstance(medusa.lm_rows, PackedLinear)
+    assert not any(isinstance(m, PackedLinear) for m in medusa.heads.modules())
+    assert not any(isinstance(m, PackedLinear) for m in engine.runner.model.modules())
+    plain = Engine.from_pretrained(target=tiny_target, linear_kernel="torch")
+    for prompt in PROMPTS:
+        assert engine.generate(prompt, GREEDY).token_ids == plain.generate(prompt, GREEDY).token_ids
