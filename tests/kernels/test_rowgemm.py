@@ -78,8 +78,8 @@ def test_row_invariant_bitwise(dtype, isa):
 @pytest.mark.parametrize("n, k", [(96, 64), (160, 576), (33, 1536), (100, 77)])
 @pytest.mark.parametrize("rows", [1, 7, 16, 20])
 def test_bfloat16_tile_alone_keeps_its_bits(isa, n, k, rows):
-    """A packed tile's 32 outputs are the same bits computed alone as beside other tiles, and a call's rows the
-    same bits in AMX's one row group (up to 16) as in its two (17-32, sharing each loaded weight tile)."""
+    """A packed tile's 32 outputs are the same bits computed alone as beside other tiles, in AMX's one row group
+    (up to 16 rows) and in its two (20 rows: both groups share each loaded weight tile)."""
     gen = torch.Generator().manual_seed(n * k + rows)
     weight = torch.randn(n, k, generator=gen).bfloat16()
     packed = pack(weight)
