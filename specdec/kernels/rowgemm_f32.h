@@ -11,7 +11,7 @@
 namespace specdec_rowgemm {
 
 // AVX-512 runs a tile (32 outputs) one row group after another, each group over the whole tile (the first
-// from memory, the others from L2). A tile used to run in chunks of 128 steps of k (16 KB, in L1) through
+// from memory, the others from L2; on Intel CPUs 13-18 rows go in chunks of k instead: f32_chunk below). A tile used to run in chunks of 128 steps of k (16 KB, in L1) through
 // every group, accumulators carried from chunk to chunk through y, with the weights 72 KB ahead prefetched
 // into L2 spread over the groups. On an AMD EPYC (Zen 4, avx512_bf16, 2 threads), in a C++ harness of
 // SmolLM2's products with two variants alternating forward by forward in one process, whole tiles measured
@@ -42,16 +42,40 @@ inline int64_t f32_group_rows(int64_t remaining) {
   return remaining <= 12 ? remaining : remaining <= 18 ? remaining - 6 : group_rows(remaining, 12);
 }
 
-// One tile for R rows. x: first row, ldx floats between rows; y: the rows' 32 outputs of this tile, ldy
-// between rows (stored masked to nvalid). pf .. pf_end: bytes to prefetch into L2, 128 of them per step of k.
+// Steps of k an AVX-512 tile runs through every row group before its next steps (K: each group over the whole
+// tile, as above). On Intel CPUs 13-18 rows (two groups, the second of 6) take the tile in chunks of 64 steps
+// (8 KB, in L1): the second group then reads each chunk from L1, not the whole tile (72 KB for k = 576) from
+// L2, where a 6-row group's products ran at ~60% of the FMA peak against ~85% on a tile that fits L1 (one
+// thread, in cache). Whole SmolLM2 forwards, float32, on a Xeon (family 6 model 207, avx512_bf16 amx_bf16),
+// chunks of 0 / 64 / 128 steps taking turns forward by forward in one process: 13 rows 0.93-0.94x of whole
+// tiles at 64 (0.94-0.96x at 128), 16 rows 0.96x (256 and 1,024 cached, memory slow and fast); 24 rows
+// 1.00-1.02x and 32 rows 0.98x, so above 18 rows tiles stay whole. AMD CPUs measured whole tiles as fast or
+// faster (above), so they keep them.
+constexpr int64_t F32_CHUNK = 64;
+inline int64_t f32_chunk(int64_t M, int64_t K) {
+  return M <= 12 || M > 18 || amd_cpu() ? K : F32_CHUNK;
+}
+
+// Steps [k0, k1) of one tile for R rows. x: first row, ldx floats between rows; y: the rows' 32 outputs of
+// this tile, ldy between rows (stored masked to nvalid), holding the accumulators when !first (the chain over k
+// is unbroken: float32 stored and reloaded exactly). pf .. pf_end: bytes to prefetch into L2, 128 a step of k.
 template <int R>
 __attribute__((target("avx512f,avx512vl,avx512bw,fma"))) void f32_avx512(
-    const float* __restrict wp, const float* __restrict x, int64_t ldx, int64_t K, float* __restrict y,
-    int64_t ldy, int64_t nvalid, const char* pf, const char* pf_end) {
+    const float* __restrict wp, const float* __restrict x, int64_t ldx, int64_t k0, int64_t k1, bool first,
+    float* __restrict y, int64_t ldy, int64_t nvalid, const char* pf, const char* pf_end) {
+  const __mmask16 m0 = nvalid >= 16 ? 0xFFFF : (__mmask16)((1u << nvalid) - 1);
+  const __mmask16 m1 = nvalid >= 32 ? 0xFFFF : nvalid <= 16 ? 0 : (__mmask16)((1u << (nvalid - 16)) - 1);
   __m512 a0[R], a1[R];
 #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; ++k) {
+  for (int r = 0; r < R; ++r) {
+    if (first) {
+      a0[r] = a1[r] = _mm512_setzero_ps();
+    } else {  // the chain so far, stored exactly in y's float32 slots by the chunk before
+      a0[r] = _mm512_maskz_loadu_ps(m0, y + r * ldy);
+      a1[r] = _mm512_maskz_loadu_ps(m1, y + r * ldy + 16);
+    }
+  }
+  for (int64_t k = k0; k < k1; ++k) {
     if (pf < pf_end) {
       _mm_prefetch(pf, _MM_HINT_T1);
       _mm_prefetch(pf + 64, _MM_HINT_T1);
@@ -65,8 +89,6 @@ __attribute__((target("avx512f,avx512vl,avx512bw,fma"))) void f32_avx512(
       a1[r] = _mm512_fmadd_ps(b, w1, a1[r]);
     }
   }
-  const __mmask16 m0 = nvalid >= 16 ? 0xFFFF : (__mmask16)((1u << nvalid) - 1);
-  const __mmask16 m1 = nvalid >= 32 ? 0xFFFF : nvalid <= 16 ? 0 : (__mmask16)((1u << (nvalid - 16)) - 1);
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     _mm512_mask_storeu_ps(y + r * ldy, m0, a0[r]);
@@ -152,14 +174,20 @@ inline void f32_tile(int64_t isa, const float* wp, const float* x, int64_t ldx, 
   }
   // AVX-512: group after group (above); pf: this tile's first byte plus the prefetch distance (nullptr: none),
   // pf_end: the end of the thread's range. Each group prefetches its rows' share of a tile's bytes from there.
-  const int64_t span = pf == nullptr ? 0 : std::max<int64_t>(0, std::min<int64_t>(K * TILE * 4, pf_end - pf));
-  for (int64_t row = 0; row < M;) {
-    const int64_t rows = f32_group_rows(M - row);
-    const char* lo = pf + span * row / M;
-    const char* hi = pf + span * (row + rows) / M;
-#define CALL_512(R) f32_avx512<R>(wp, x + row * ldx, ldx, K, y + row * ldy, ldy, nvalid, lo, hi)
-    ROWS_SWITCH(rows, CALL_512, 12)
-    row += rows;
+  const int64_t chunk = f32_chunk(M, K);
+  for (int64_t k0 = 0; k0 < K; k0 += chunk) {
+    const int64_t k1 = std::min(K, k0 + chunk);
+    const char* chunk_pf = pf == nullptr ? nullptr : pf + k0 * TILE * 4;
+    const int64_t span =
+        pf == nullptr ? 0 : std::max<int64_t>(0, std::min<int64_t>((k1 - k0) * TILE * 4, pf_end - chunk_pf));
+    for (int64_t row = 0; row < M;) {
+      const int64_t rows = f32_group_rows(M - row);
+      const char* lo = chunk_pf + span * row / M;
+      const char* hi = chunk_pf + span * (row + rows) / M;
+#define CALL_512(R) f32_avx512<R>(wp, x + row * ldx, ldx, k0, k1, k0 == 0, y + row * ldy, ldy, nvalid, lo, hi)
+      ROWS_SWITCH(rows, CALL_512, 12)
+      row += rows;
+    }
   }
 }
 

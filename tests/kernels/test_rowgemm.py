@@ -126,8 +126,8 @@ def test_bad_shapes_are_refused():
 
 
 @pytest.mark.parametrize("n, k", [(100, 300), (33, 1536), (5, 129)])
-# AVX-512's row groups: one up to 12 rows; 13 = 7 + 6, 16 = 10 + 6, 18 = 12 + 6; 19 = 10 + 9, 25 = 9 + 10 + 6,
-# 32 = 11 + 11 + 10
+# AVX-512's row groups: one up to 12 rows; 13 = 7 + 6, 16 = 10 + 6, 18 = 12 + 6 (on Intel CPUs in chunks of 64
+# steps of k: k = 300 and 129 end in a part chunk); 19 = 10 + 9, 25 = 9 + 10 + 6, 32 = 11 + 11 + 10
 @pytest.mark.parametrize("rows", [1, 4, 6, 8, 12, 13, 16, 18, 19, 25, 32])
 def test_float32_row_groups_keep_the_bits(n, k, rows):
     """Every row count, however AVX-512 splits it into register groups, gives each row the bits of that row
