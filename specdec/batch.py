@@ -14,9 +14,12 @@ def generate_batch(engine, prompts: list, params, max_batch: int = 8, chat: bool
                    load_aware: bool = True, steps: list | None = None) -> list[list[int]]:
     """Up to max_batch sequences step together; a finished sequence leaves and the next prompt joins
     between steps. Each sequence's depth comes from the speculation policy, whose load-aware node
-    budget decides what pays at this batch size. Returns each prompt's generated token ids; `steps`,
-    if given, receives every sequence's StepResult (drafted and accepted counts)."""
+    budget decides what pays at this batch size, starting from the step costs the engine's last
+    generation or batch run measured. Returns each prompt's generated token ids; `steps`, if given,
+    receives every sequence's StepResult (drafted and accepted counts)."""
     policy = engine.new_policy(load_aware=load_aware)
+    if engine.last_policy is not None:  # the step costs the engine's last generation or batch run measured
+        policy.continue_from(engine.last_policy)
     pool = BatchCache(engine.runner)
     queue = list(enumerate(prompts))
     active: list[Drafting] = []
@@ -43,4 +46,5 @@ def generate_batch(engine, prompts: list, params, max_batch: int = 8, chat: bool
                 if hasattr(entry.session, "close"):  # drafters that learn from finished generations (suffix)
                     entry.session.close(entry.seq.context, len(entry.seq.prompt_ids))
         active = [e for e in active if e.seq.finish_reason is None]
+    engine.last_policy = policy
     return [outputs[str(i)] for i in range(len(prompts))]

@@ -393,6 +393,39 @@ def test_costs_are_kept_per_batch_size():
     assert budget.estimate(8, 16) == pytest.approx(0.014 * budget.costs.estimate(16) / budget.costs.estimate(8))
 
 
+def test_a_policy_continues_from_the_costs_an_earlier_one_measured():
+    """The engine's next generation or batch run starts from the verify costs the last one measured (copied,
+    per batch size too), not from an empty table that its first steps must measure again; acceptance is not
+    carried, and a budget that does not learn costs (pinned) keeps only its own."""
+    earlier = SpeculationPolicy(PolicyConfig(adaptive=False))
+    earlier.batch.record(8, 0.014, 8, batch=8)
+    earlier.batch.record(16, 0.024, 12, batch=8)
+    earlier.pool.record(8, 2, decay=0.9)  # a poor acceptance
+    later = SpeculationPolicy(PolicyConfig(adaptive=False)).continue_from(earlier)
+    assert later.batch.costs.means == earlier.batch.costs.means
+    assert later.batch.estimate(8, 16) == pytest.approx(0.024)
+    assert later.cap() == NO_CAP  # known costs: no short first draft to measure one
+    later.batch.record(8, 0.030, 8, batch=8)
+    assert earlier.batch.estimate(8, 8) == pytest.approx(0.014)  # copies: the earlier table is untouched
+    assert later.pool.alpha == SpeculationPolicy().pool.alpha != earlier.pool.alpha
+    pinned = SpeculationPolicy(PolicyConfig(budget=BudgetConfig(costs=((8, 0.01),), learn_costs=False)))
+    assert pinned.continue_from(earlier).batch.costs.means == {8: 0.01}
+
+
+def test_generate_batch_continues_from_the_engines_last_run(tiny_target, one_thread):
+    """In process, each generate_batch call makes a policy: it starts from the costs the engine's last run
+    measured and leaves its own for the next."""
+    from specdec import Engine, SamplingParams
+    from specdec.batch import generate_batch
+
+    engine = Engine.from_pretrained(target=tiny_target, drafter="ngram")
+    generate_batch(engine, [[5, 6, 7, 5, 6, 7], [1, 2, 3]], SamplingParams(max_new_tokens=12, ignore_eos=True))
+    first = engine.last_policy
+    assert first is not None and first.batch.costs.means
+    generate_batch(engine, [], SamplingParams(max_new_tokens=12))  # no step: only what it started from
+    assert engine.last_policy is not first and engine.last_policy.batch.costs.means == first.batch.costs.means
+
+
 def test_an_unverified_sequences_acceptance_regains_the_prior():
     """Ragged, a sequence with no node verified this step keeps 0.95 of its evidence and takes the rest
     from the worker's prior: an early run of rejections fades instead of ranking it last for good. Padded,

@@ -85,9 +85,11 @@ class SpeculationPolicy:
 
     def continue_from(self, earlier: SpeculationPolicy) -> SpeculationPolicy:
         """Start from the step costs (and the drafter's calibration) an earlier policy of the same
-        engine learnt: the engine makes one policy per generation, and the machine does not change
-        between them. Acceptance is not carried: a new prompt's starts neutral, as before. Returns self."""
+        engine learnt: the engine makes one policy per generation (or per in-process batch run), and the
+        machine does not change between them: the sequences' costs and the batch budget's verify
+        costs. Acceptance is not carried: a new prompt's starts neutral, as before. Returns self."""
         self.learned = earlier.learned
+        self.batch.continue_from(earlier.batch)
         return self
 
     def alpha(self, key: str) -> float:

@@ -140,6 +140,16 @@ class BatchBudget:
         self.alone = False  # the last step was one adaptive sequence's (SpeculationPolicy.allocate): its own choice
         self.chose_each = False  # the last choice was choose_each's (its per-tree counts), not choose's one R
 
+    def continue_from(self, earlier: BatchBudget) -> None:
+        """Start from the verify costs an earlier budget measured (copies: the two never share a table). A
+        budget starting empty spends its first steps measuring (a short first draft, then probes), which in
+        short in-process batch runs, one budget each, was a good part of every run."""
+        if not self.config.learn_costs:
+            return
+        self.costs.means.update(earlier.costs.means)
+        for batch, table in earlier.batch_costs.items():
+            self.batch_costs.setdefault(batch, CostTable(self.config.decay)).means.update(table.means)
+
     def cap(self) -> int:
         """Most nodes the next step will verify per sequence (0 = do not draft, NO_CAP = no limit).
         Told to drafters before they draft, so it may depend on the past only."""
