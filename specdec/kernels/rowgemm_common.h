@@ -19,12 +19,13 @@ inline void prefetch_step(const char* pf, int64_t k) {
 }
 
 // Whether this is an AMD CPU, where a one-row call prefetches its weights a short distance ahead
-// (AMD_ONE_ROW_AHEAD) and calls of more rows let the hardware stream them (the float32 and bf16 paths say
-// for which row counts). Elsewhere each path keeps its own distance (72 KB for float32, the next tile for bf16); on an
-// Intel Xeon float32 without prefetching measured 13-51% slower (rowgemm_f32.h). On an AMD EPYC (Zen 4, 2 cores) one row streamed faster 4 KB ahead,
-// builds alternating (benchmarks/stream_vs_forward.py): a one-row SmolLM2 forward's weights came at 34-35.5
-// GB/s against 32 in float32 while a 1 GB sum read ~60 (28-29 against 26-28 when it read ~34), and in bf16 at
-// 25-27 against 23-24 (~34) and 31 against 28-29 (~60); a C loop over float32 tiles, 46-47 GB/s against 37-39.
+// (AMD_ONE_ROW_AHEAD) and calls of more rows let the hardware stream them (the float32 and bf16 paths say for which
+// row counts). Elsewhere each path keeps its own distance (72 KB for float32, the next tile for bf16); on an Intel
+// Xeon float32 without prefetching measured 13-51% slower (rowgemm_f32.h). On an AMD EPYC (Zen 4, 2 cores) one row
+// streamed faster 4 KB ahead, builds alternating (benchmarks/stream_vs_forward.py): a one-row SmolLM2 forward's
+// weights came at 34-35.5 GB/s against 32 in float32 while a 1 GB sum read ~60 (28-29 against 26-28 when it read
+// ~34), and in bf16 at 25-27 against 23-24 (~34) and 31 against 28-29 (~60); a C loop over float32 tiles, 46-47
+// GB/s against 37-39.
 inline bool amd_cpu() {
   static const bool amd = __builtin_cpu_is("amd");
   return amd;

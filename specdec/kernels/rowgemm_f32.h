@@ -10,13 +10,13 @@
 
 namespace specdec_rowgemm {
 
-// AVX-512 runs a tile (32 outputs) one row group after another, each group over the whole tile (the first
-// from memory, the others from L2; on Intel CPUs 13-18 rows go in chunks of k instead: f32_chunk below). A tile used to run in chunks of 128 steps of k (16 KB, in L1) through
-// every group, accumulators carried from chunk to chunk through y, with the weights 72 KB ahead prefetched
-// into L2 spread over the groups. On an AMD EPYC (Zen 4, avx512_bf16, 2 threads), in a C++ harness of
-// SmolLM2's products with two variants alternating forward by forward in one process, whole tiles measured
-// faster than chunks (both 72 KB ahead): 12 / 20 / 32 rows 5 / 5 / 10% while the weights stream, 5-8% with
-// them in cache, 16 rows within 2%.
+// AVX-512 runs a tile (32 outputs) one row group after another, each group over the whole tile (the first from
+// memory, the others from L2; on Intel CPUs 13-18 rows go in chunks of k instead: f32_chunk below). A tile used to
+// run in chunks of 128 steps of k (16 KB, in L1) through every group, accumulators carried from chunk to chunk
+// through y, with the weights 72 KB ahead prefetched into L2 spread over the groups. On an AMD EPYC (Zen 4,
+// avx512_bf16, 2 threads), in a C++ harness of SmolLM2's products with two variants alternating forward by forward
+// in one process, whole tiles measured faster than chunks (both 72 KB ahead): 12 / 20 / 32 rows 5 / 5 / 10% while
+// the weights stream, 5-8% with them in cache, 16 rows within 2%.
 constexpr int64_t F32_AHEAD = 73728;
 
 // How far ahead of its tile an AVX-512 call of M rows prefetches the weights into L2 (0: not at all). On AMD
