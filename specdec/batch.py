@@ -17,9 +17,7 @@ def generate_batch(engine, prompts: list, params, max_batch: int = 8, chat: bool
     budget decides what pays at this batch size, starting from the step costs the engine's last
     generation or batch run measured. Returns each prompt's generated token ids; `steps`, if given,
     receives every sequence's StepResult (drafted and accepted counts)."""
-    policy = engine.new_policy(load_aware=load_aware)
-    if engine.last_policy is not None:  # the step costs the engine's last generation or batch run measured
-        policy.continue_from(engine.last_policy)
+    policy = engine.new_policy(load_aware=load_aware)  # from the step costs the engine's last run measured
     pool = BatchCache(engine.runner)
     queue = list(enumerate(prompts))
     active: list[Drafting] = []

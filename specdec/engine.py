@@ -110,12 +110,17 @@ class Engine:
     def new_policy(self, load_aware: bool = True, costs: tuple[tuple[int, float], ...] = ()) -> SpeculationPolicy:
         """The speculation policy for this engine's sequences (depth, node budget, acceptance). costs:
         ((rows, seconds), ...) of verify forwards measured beforehand (specdec.policy.calibrate), the
-        batch budget's starting point. Its batches are priced as this runner verifies them (ragged or padded)."""
+        batch budget's starting point. Its batches are priced as this runner verifies them (ragged or padded).
+        It starts from the step costs the engine's last finished generation or batch run measured
+        (`last_policy`, which each run sets when it ends), not from its own cold first steps."""
         if self.config.policy is not None:
-            return SpeculationPolicy(self.config.policy, ragged=self.runner.ragged)
-        budget = BudgetConfig(enabled=load_aware, costs=costs) if costs else None
-        return SpeculationPolicy(PolicyConfig(max_depth=self.num_speculative_tokens, adaptive=self.config.adaptive,
-                                              load_aware=load_aware, budget=budget), ragged=self.runner.ragged)
+            policy = SpeculationPolicy(self.config.policy, ragged=self.runner.ragged)
+        else:
+            budget = BudgetConfig(enabled=load_aware, costs=costs) if costs else None
+            config = PolicyConfig(max_depth=self.num_speculative_tokens, adaptive=self.config.adaptive,
+                                  load_aware=load_aware, budget=budget)
+            policy = SpeculationPolicy(config, ragged=self.runner.ragged)
+        return policy if self.last_policy is None else policy.continue_from(self.last_policy)
 
     def _eos_ids(self) -> frozenset[int]:
         ids: set[int] = set()
@@ -168,8 +173,6 @@ class Engine:
             raise InvalidArgument("stop strings need a model with a tokenizer")
         session = self.drafter.new_session() if self.drafter is not None else None
         policy = self.new_policy(load_aware=False)  # one sequence: its own depth choice decides
-        if self.last_policy is not None:
-            policy.continue_from(self.last_policy)
         policy.add("0")
         pool = BatchCache(self.runner)
         start = time.perf_counter()
