@@ -114,6 +114,22 @@ def runner_config(kernel: str) -> RunnerConfig:
     return RunnerConfig(linear_kernel=kernel.removesuffix("-walk"), lean_forward=not kernel.endswith("-walk"))
 
 
+def time_rounds(runners: dict, caches: dict, batch: int, context: int, row_counts: list[int], repeats: int,
+                bar=None) -> dict[tuple[str, int], list[float]]:
+    """Seconds per forward, {(kernel, rows): [round 0 (warm-up), 1, ..]}: every row count and kernel once a round,
+    round after round. A shared VM's memory can run at one rate for minutes and another for the next, so row counts
+    timed one after the other (all of 1 row's repeats, then all of 8 rows') gave ratios of two rates as much as of two
+    row counts: the session-33 grid put 16 / 1 rows at 1.57 while the same forwards taking turns measured 1.41."""
+    times = {(kernel, rows): [] for kernel in runners for rows in row_counts}
+    for _ in range(repeats + 1):  # the first round warms up
+        for rows in row_counts:
+            for kernel, runner in runners.items():
+                times[kernel, rows].append(time_forward(runner, caches[kernel], batch, context, rows))
+        if bar is not None:
+            bar.update()
+    return times
+
+
 def measure(args: argparse.Namespace) -> dict:
     # re-measured before every case; the fastest seen is the floor's rate. The median is reported beside it:
     # a shared VM's memory can swing between two rates for minutes (an AMD EPYC host: ~34 and ~64 GB/s)
@@ -121,7 +137,7 @@ def measure(args: argparse.Namespace) -> dict:
     rate = max(samples)
     results, floors, kv_bytes, peaks = [], {}, {}, {}
     cases = [(c, b) for c in args.contexts for b in args.batches]
-    bar = tqdm(total=len(args.dtypes) * len(cases) * len(args.rows), desc="forwards", file=sys.stderr)
+    bar = tqdm(total=len(args.dtypes) * len(cases) * (args.repeats + 1), desc="rounds", file=sys.stderr)
     for dtype_name in args.dtypes:
         # one model per kernel: a runner swaps its model's layers in place (specdec.kernels.linear)
         runners = {kernel: ModelRunner(load_model(args.target, DTYPES[dtype_name]).model, config=runner_config(kernel))
@@ -136,13 +152,10 @@ def measure(args: argparse.Namespace) -> dict:
                 floors[dtype_name] = weight_bytes(runner)  # bytes here; ms at the end, at the fastest rate
                 kv_bytes[dtype_name] = kv_bytes_per_token(runner)
                 caches[kernel] = filled_cache(runner, batch, context)
+            times = time_rounds(runners, caches, batch, context, args.rows, args.repeats, bar)
             for rows in args.rows:
-                times = {k: [] for k in runners}
-                for _ in range(args.repeats + 1):  # the first round warms up
-                    for kernel, runner in runners.items():
-                        times[kernel].append(time_forward(runner, caches[kernel], batch, context, rows))
-                for kernel, spent in times.items():
-                    ms = [1e3 * t for t in spent[1:]]
+                for kernel in runners:
+                    ms = [1e3 * t for t in times[kernel, rows][1:]]
                     runner = runners[kernel]
                     flops = forward_flops(runner.model.config, floors[dtype_name] // runner.dtype.itemsize, batch,
                                           rows, context)
@@ -150,7 +163,6 @@ def measure(args: argparse.Namespace) -> dict:
                                         asked=kernel, context=context, batch=batch, rows=rows,
                                         best_ms=round(min(ms), 2), median_ms=round(statistics.median(ms), 2),
                                         gflop=round(flops / 1e9, 3)))
-                bar.update()
         del runners, caches
     bar.close()
     return {"machine": machine_info(), "versions": versions(Path(".")), "threads": torch.get_num_threads(),

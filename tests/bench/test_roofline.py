@@ -51,6 +51,18 @@ def test_a_forwards_floor_is_the_larger_roof():
     assert forward_cost.floor_ms(report, {k: v for k, v in many.items() if k != "gflop"}) is None  # older reports
 
 
+def test_row_counts_take_turns_round_by_round(monkeypatch):
+    forward_cost = import_benchmark("forward_cost")
+    calls = []
+    monkeypatch.setattr(forward_cost, "time_forward",
+                        lambda runner, cache, batch, context, rows: calls.append((runner, rows)) or len(calls))
+    times = forward_cost.time_rounds({"specdec": "r1", "torch": "r2"}, {"specdec": None, "torch": None}, 1, 256,
+                                     [1, 8, 16], repeats=2)
+    one_round = [("r1", 1), ("r2", 1), ("r1", 8), ("r2", 8), ("r1", 16), ("r2", 16)]
+    assert calls == one_round * 3  # a warm-up round, then two: never all of one row count's repeats in a row
+    assert times["specdec", 8] == [3, 9, 15] and times["torch", 16] == [6, 12, 18]
+
+
 @pytest.mark.skipif(load_kernel().module is None, reason="the kernels did not build here")
 @pytest.mark.parametrize("bf16", [False, True])
 def test_the_arithmetic_peak_is_a_rate(bf16):
