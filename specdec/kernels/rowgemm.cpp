@@ -4,7 +4,7 @@
 //   float32   [num_tiles, K, 32]            one 128-byte line pair per k
 //   bfloat16  [num_tiles, K/2, 32, 2]       pairs of k per output, the layout VDPBF16PS multiplies
 // A tile streams from memory once and is applied, from L1/L2, to every row group of the call (float32 on
-// AVX-512: chunk by chunk of k, so every group takes a chunk from L1 while the stream runs ahead).
+// AVX-512 on Intel CPUs: 13-18 rows chunk by chunk of k, so the second group takes each chunk from L1).
 // Outputs sit in vector lanes and every (row, output) accumulator runs over k in order 0..K-1 with one
 // fused multiply-add per step (bf16: one dot-pair per two steps), starting from zero, with no horizontal
 // sum. So a row's result does not depend on which other rows share the call, on the row-group size, on

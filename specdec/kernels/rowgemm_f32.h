@@ -98,15 +98,10 @@ __attribute__((target("avx512f,avx512vl,avx512bw,fma"))) void f32_avx512(
   }
   for (int64_t k = k0; k < k1; ++k) {
     owed += pf_rate;
-    if (owed >= LINE && pf < pf_end) {  // at most two lines a step (pf_rate <= 128 x 256)
+    for (int line = 0; line < 2 && owed >= LINE && pf < pf_end; ++line) {  // pf_rate <= 128 x 256: two at most
       _mm_prefetch(pf, _MM_HINT_T1);
       pf += 64;
       owed -= LINE;
-      if (owed >= LINE && pf < pf_end) {
-        _mm_prefetch(pf, _MM_HINT_T1);
-        pf += 64;
-        owed -= LINE;
-      }
     }
     if (l1_ahead > 0) {  // past the last tile's end only prefetches (which never fault)
       const char* near = reinterpret_cast<const char*>(wp + k * TILE) + l1_ahead;
