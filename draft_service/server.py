@@ -75,7 +75,8 @@ def build_drafter(config: DraftConfig):
         except (OSError, ValueError, TypeError):
             tokenizer = None
         path = random_draft_path(SimpleNamespace(model=SimpleNamespace(config=target_config), tokenizer=tokenizer))
-    device, dtype = placement(config.device, config.dtype)  # its own device: a small GPU, or the CPU
+    device, dtype = placement(config.device, config.dtype, target=path, linear_kernel=config.linear_kernel,
+                              kv_cache=config.kv_cache)  # its own device: a small GPU, or the CPU
     draft = load_model(path, dtype, device=device)
     if draft.model.config.vocab_size != target_config.vocab_size:
         raise InvalidArgument(f"draft vocabulary ({draft.model.config.vocab_size}) differs from the target's "

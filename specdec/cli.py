@@ -6,16 +6,22 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 
 from specdec.errors import SpecdecError
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_LEVEL_ENV = "SPECDEC_LOG_LEVEL"  # what --log-level set, for the servers a command starts
 COMMANDS = ("generate", "serve", "deploy", "bench", "train", "loadtest", "trace_report")  # modules under specdec.commands
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec", description="Lossless speculative decoding for LLMs.")
+    inherited = os.environ.get(LOG_LEVEL_ENV, "").lower()
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default=inherited if inherited in LOG_LEVELS else "warning",
+                        help="what goes to stderr (info: choices made for you, e.g. what dtype auto picked and why)")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         importlib.import_module(f"specdec.commands.{name}").add_parser(subparsers)
@@ -30,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     args.argv = argv  # for commands that re-launch themselves (generate --tp N)
+    os.environ[LOG_LEVEL_ENV] = args.log_level  # servers and ranks this command starts log alike
+    logging.basicConfig(level=args.log_level.upper(), format="%(name)s: %(message)s")
     try:
         return args.run(args)
     except SpecdecError as exc:

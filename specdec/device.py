@@ -59,10 +59,13 @@ def resolve_device(name: str = "auto", tp_degree: int = 1) -> torch.device:
     return torch.device("cuda", index)
 
 
-def placement(device_name: str, dtype_name: str, tp_degree: int = 1) -> tuple[torch.device, torch.dtype]:
-    """(device, dtype) for a model's `device` and `dtype` options, every refusal before loading."""
+def placement(device_name: str, dtype_name: str, tp_degree: int = 1, *, target: str | os.PathLike | None = None,
+              linear_kernel: str = "auto", kv_cache: str = "static") -> tuple[torch.device, torch.dtype]:
+    """(device, dtype) for a model's `device` and `dtype` options, every refusal before loading. target (None:
+    the embedded default), linear_kernel and kv_cache: how the model will run, which `dtype="auto"` weighs."""
     device = resolve_device(device_name, tp_degree)
-    dtype = pick_dtype(dtype_name, device)
+    dtype = pick_dtype(dtype_name, device, target=target, linear_kernel=linear_kernel, kv_cache=kv_cache,
+                       tp_degree=tp_degree)
     check_dtype(device, dtype)
     return device, dtype
 

@@ -95,7 +95,8 @@ class Engine:
         runner = RunnerConfig(kv_cache=kv_cache, cuda_graphs=cuda_graphs, linear_kernel=linear_kernel,
                               prefix_cache_mb=prefix_cache_mb)
         config = EngineConfig(num_speculative_tokens=num_speculative_tokens, adaptive=adaptive, runner=runner)
-        torch_device, torch_dtype = placement(device, dtype, tp)  # refused here, before any weight loads
+        torch_device, torch_dtype = placement(device, dtype, tp, target=target, linear_kernel=linear_kernel,
+                                              kv_cache=kv_cache)  # refused here, before any weight loads
         if tp > 1:
             from transformers import AutoConfig
 

@@ -15,12 +15,17 @@ import torch
 from specdec.bench.distribution import exact_joint, g_test_kl  # noqa: F401 (the tests import them from here)
 
 
-def target_next_probs(model_dir, params) -> Callable[[list[int]], torch.Tensor]:
-    """next_probs for a checkpoint in float32: one full forward per prefix, warped as the engine warps."""
+def target_next_probs(model_dir, params, dtype: torch.dtype = torch.float32) -> Callable[[list[int]], torch.Tensor]:
+    """next_probs for a checkpoint (float32 unless dtype says): one full forward per prefix, warped as the
+    engine warps. In bfloat16 the forward runs on specdec's kernels, as the engine's does: bf16's roundings
+    are the kernels' own, and the distribution under test is that target's."""
     from specdec.core.sampling import warp
     from specdec.models.loader import load_model
+    from specdec.models.runner import ModelRunner
 
-    model = load_model(model_dir, torch.float32).model
+    model = load_model(model_dir, dtype).model
+    if dtype == torch.bfloat16:
+        ModelRunner(model)  # installs specdec's linear, norm, attention and rotary kernels into the model
 
     @torch.inference_mode()
     def next_probs(ids: list[int]) -> torch.Tensor:

@@ -87,7 +87,7 @@ def run_benchmark(config: BenchConfig) -> tuple[dict, int]:
 
     hf_logging.set_verbosity_error()  # transformers' deprecation chatter would bury the progress bar
     machine = machine_info()  # load average before we add our own
-    target = load_model(config.target, pick_dtype(config.dtype))
+    target = load_model(config.target, pick_dtype(config.dtype, target=config.target))
     checkpoints = dict(config.checkpoints)
     skipped = {s.name: f"no trained {checkpoint_name(s.drafter)} checkpoint for this target "
                        f"(pass --checkpoint {checkpoint_name(s.drafter)}=DIR)"

@@ -179,7 +179,7 @@ def run_workload_bench(config: WorkloadBenchConfig) -> tuple[dict, int]:
 
     hf_logging.set_verbosity_error()
     machine = machine_info()
-    target = load_model(config.target, pick_dtype(config.dtype))
+    target = load_model(config.target, pick_dtype(config.dtype, target=config.target))
     skipped = {s.name: f"no trained {s.drafter} checkpoint for this target" for s in specs
                if not methods_mod.runnable(s, target, dict(config.checkpoints))}
     specs = tuple(s for s in specs if s.name not in skipped)

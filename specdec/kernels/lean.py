@@ -31,18 +31,28 @@ log = logging.getLogger(__name__)
 ARCHITECTURES = frozenset({"llama", "mistral"})  # pre-norm, rotary, q/k/v/o and a SiLU-gated MLP, no biases
 
 
-def why_not(model: torch.nn.Module, decoder: torch.nn.Module, kernel: KernelChoice, attention_on: bool) -> str:
-    """Why this model cannot run the lean forward ("" = it can)."""
-    config = model.config
-    if kernel.kernel != "specdec" or not attention_on:
-        return "specdec's linear and attention kernels are not both in use"
+def why_not_config(config, dtype: torch.dtype) -> str:
+    """Why a model of this config cannot run the lean forward in dtype ("" = its config allows it). Read
+    before any weight loads too: `dtype="auto"` takes bfloat16 on a CPU only for models that run here."""
     if config.model_type not in ARCHITECTURES:
         return f"model type {config.model_type!r} is not one of {', '.join(sorted(ARCHITECTURES))}"
     if (getattr(config, "hidden_act", "silu") != "silu" or getattr(config, "sliding_window", None)
             or getattr(config, "pretraining_tp", 1) not in (None, 1)):
         return "its activation, attention window or tensor-parallel pretraining split differs from Llama's"
-    if model.dtype == torch.bfloat16 and (config.hidden_size % 2 or config.intermediate_size % 2):
+    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+        return "its projections have biases"
+    if dtype == torch.bfloat16 and (config.hidden_size % 2 or config.intermediate_size % 2):
         return "bfloat16 products take pairs of inputs and its hidden or intermediate size is odd"
+    return ""
+
+
+def why_not(model: torch.nn.Module, decoder: torch.nn.Module, kernel: KernelChoice, attention_on: bool) -> str:
+    """Why this model cannot run the lean forward ("" = it can)."""
+    if kernel.kernel != "specdec" or not attention_on:
+        return "specdec's linear and attention kernels are not both in use"
+    reason = why_not_config(model.config, model.dtype)
+    if reason:
+        return reason
     if not isinstance(getattr(decoder, "norm", None), FusedRMSNorm):
         return "its final norm is not on specdec's RMSNorm kernel"
     for layer in decoder.layers:

@@ -25,50 +25,75 @@ class LoadedModel:
     path: Path
 
 
-def pick_dtype(name: str, device: torch.device | None = None) -> torch.dtype:
-    """'auto' is bfloat16 on a GPU (float16 on one without bf16 tensor cores); on a CPU float32, with what
-    bfloat16 would do on this CPU said once (cpu_auto_dtype: the embedded target is dequantized to float32,
-    and bf16 is a different target). device None: the GPU if one is visible.
+def pick_dtype(name: str, device: torch.device | None = None, *, target: str | os.PathLike | None = None,
+               linear_kernel: str = "auto", kv_cache: str = "static", tp_degree: int = 1) -> torch.dtype:
+    """'auto' is bfloat16 on a GPU (float16 on one without bf16 tensor cores). On a CPU it is bfloat16 for a
+    checkpoint stored in bfloat16 where that is native and exact here (cpu_auto_dtype), else float32; the
+    choice and its reason are logged once. target (None: the embedded default), linear_kernel, kv_cache and
+    tp_degree say how the model will run; its config is read before any weight loads. device None: the GPU
+    if one is visible.
     """
     if name == "auto":
         on_gpu = torch.cuda.is_available() if device is None else device.type == "cuda"
         if not on_gpu:
-            return cpu_auto_dtype()
+            return cpu_auto_dtype(str(resolve_path(target)), linear_kernel, kv_cache, tp_degree)
         return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
     if name not in DTYPES:
         raise InvalidArgument(f"dtype must be auto, {', '.join(DTYPES)}; got {name!r}")
     return DTYPES[name]
 
 
-@functools.lru_cache(maxsize=1)
-def cpu_auto_dtype() -> torch.dtype:
-    """float32, said once per process with what bfloat16 would do on this CPU.
+@functools.lru_cache(maxsize=None)
+def cpu_auto_dtype(target: str, linear_kernel: str = "auto", kv_cache: str = "static",
+                   tp_degree: int = 1) -> torch.dtype:
+    """bfloat16 or float32 for the checkpoint at `target` on this CPU, said once per model and way of running it.
 
-    Where the CPU multiplies bf16 natively (AVX512-BF16) specdec's kernels run it at about half the
-    bytes (plain decoding ~1.5x float32's tokens/s; with AMX tiles a 16-row verify's products cost about
-    a one-row step's) and, row-invariant, keep greedy speculative output
-    equal to plain decoding (README, "Forward cost on CPUs"); on AVX2 alone the kernels widen bf16 to
-    float32 in registers: half the bytes (plain decoding ~1.5x float32 there too), many-row verifies no
-    cheaper than float32's. It stays opt-in (--dtype bfloat16) because bf16 is a different target:
-    its sampling distribution is not float32's (the sampling tests' exact references are float32, and
-    served outputs would change for every user), so a default switch is a product decision, not a kernel's.
+    bfloat16 where it is the model's own dtype, pays and stays exact. Own: the checkpoint is stored in
+    bf16, so nothing is rounded (a float32 checkpoint, the embedded Q4_1 target dequantized included, stays
+    float32: bf16 would round its weights to 8 bits of mantissa, a different model whose greedy tokens
+    part from float32's within 64 tokens on most questions). Pays: the CPU multiplies bf16 natively
+    (AVX512-BF16's `vdpbf16ps`, or AMX tiles), where specdec's kernels read half float32's bytes a
+    token (plain decoding ~1.5x float32's tokens/s with AVX512-BF16, ~1.8x with AMX); on AVX2 alone they
+    widen bf16 in registers and a many-row verify costs what float32's does. Exact: greedy speculative
+    output equals plain decoding only where every product is row-invariant, i.e. the model runs specdec's
+    kernels and lean forward (a Llama-family model, one process, the static cache); torch's bf16 kernels
+    parted the two on 5-6 of 6 questions. `--dtype bfloat16` asks for bf16 anywhere.
     """
-    from specdec.kernels.build import load_kernel
+    from transformers import AutoConfig
 
+    from specdec.kernels.build import load_kernel
+    from specdec.kernels.lean import why_not_config
+
+    try:
+        config = AutoConfig.from_pretrained(target, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ModelNotFound(f"cannot read the config of {target!r}: {str(exc).splitlines()[0]}") from exc
+    config = getattr(config, "get_text_config", lambda: config)()
+    stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    stored = getattr(torch, stored) if isinstance(stored, str) and hasattr(torch, stored) else stored
     kernel = load_kernel()
-    if kernel.isa == "amx_bf16":
-        log.info("dtype auto: float32 on a CPU (this one runs bfloat16 on AMX tiles through specdec's kernels: "
-                 "--dtype bfloat16 for ~1.8x the tokens/s, and verify forwards about as cheap as one token)")
-    elif kernel.native_bf16:
-        log.info("dtype auto: float32 on a CPU (this one runs bfloat16 natively through specdec's kernels: "
-                 "--dtype bfloat16 for ~1.5x the tokens/s)")
-    elif kernel.runs_bf16:
-        log.info("dtype auto: float32 on a CPU (specdec's kernels run bfloat16 here widened to float32 on %s: "
-                 "--dtype bfloat16 reads half the bytes a token)", kernel.isa)
+    if stored != torch.bfloat16:
+        reason = (f"its checkpoint is stored in {str(stored or 'float32').removeprefix('torch.')}: bf16 would round "
+                  f"its weights" + (" (--dtype bfloat16 for about half the bytes a token, natively here)"
+                                    if kernel.native_bf16 else ""))
+    elif not kernel.native_bf16:
+        reason = (f"no native bfloat16 here: specdec's kernels run {kernel.isa}" if kernel.module is not None
+                  else f"no native bfloat16 kernels here: {kernel.reason}")
+    elif linear_kernel == "torch":
+        reason = "linear kernel torch: torch's bf16 products are not row-invariant, so a verify could part from plain decoding"
+    elif tp_degree > 1:
+        reason = f"tensor parallel ({tp_degree} ranks) multiplies through torch, not row-invariant in bf16"
+    elif kv_cache != "static":
+        reason = f"kv_cache {kv_cache} keeps transformers' walk, not specdec's lean forward"
     else:
-        log.info("dtype auto: float32 on a CPU (no native bfloat16 here: %s)",
-                 kernel.reason or f"specdec's kernels run {kernel.isa}")
-    return torch.float32
+        reason = why_not_config(config, torch.bfloat16)
+    if reason:
+        log.info("dtype auto: float32 for %s (%s)", target, reason)
+        return torch.float32
+    how = "AMX tiles" if kernel.isa == "amx_bf16" else "AVX512-BF16"
+    log.info("dtype auto: bfloat16 for %s (its checkpoint's own dtype; this CPU multiplies it natively, %s, on "
+             "specdec's row-invariant kernels)", target, how)
+    return torch.bfloat16
 
 
 def resolve_path(path: str | os.PathLike | None) -> Path:
