@@ -53,7 +53,7 @@ def cpu_auto_dtype(target: str, linear_kernel: str = "auto", kv_cache: str = "st
     float32: bf16 would round its weights to 8 bits of mantissa, a different model whose greedy tokens
     part from float32's within 64 tokens on most questions). Pays: the CPU multiplies bf16 natively
     (AVX512-BF16's `vdpbf16ps`, or AMX tiles), where specdec's kernels read half float32's bytes a
-    token (plain decoding ~1.5x float32's tokens/s with AVX512-BF16, ~1.8x with AMX); on AVX2 alone they
+    token (plain decoding ~1.5x float32's tokens/s with AVX512-BF16, 1.8-2.3x with AMX); on AVX2 alone they
     widen bf16 in registers and a many-row verify costs what float32's does. Exact: greedy speculative
     output equals plain decoding only where every product is row-invariant, i.e. the model runs specdec's
     kernels and lean forward (a Llama-family model, one process, the static cache); torch's bf16 kernels
