@@ -103,9 +103,13 @@ def run(args: argparse.Namespace) -> int:
     if not remote:  # local stacks: the figures depend on this machine
         from specdec.bench.machine import machine_info
 
+        from specdec.device import placement
+
         machine = machine_info()
+        dtype = args.dtype if args.dtype != "auto" else (  # what the targets' own placement will pick
+            f"auto = {str(placement('auto', 'auto', target=args.target)[1]).removeprefix('torch.')}")
         print(f"local stacks on {machine['cpu']} (flags: {' '.join(machine['cpu_flags']) or 'none'}), "
-              f"{machine['num_cpus']} CPUs, torch {machine['torch_num_threads']} threads, dtype {args.dtype}, "
+              f"{machine['num_cpus']} CPUs, torch {machine['torch_num_threads']} threads, dtype {dtype}, "
               f"drafter {'none' if args.no_spec else ','.join(drafters)}, "
               f"prompts {args.prompts}, load {machine.get('load_average_1m')}", file=sys.stderr, flush=True)
     with contextlib.ExitStack() as stacks:  # every stack up at once: levels alternate between them
