@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = argv  # for commands that re-launch themselves (generate --tp N)
     os.environ[LOG_LEVEL_ENV] = args.log_level  # servers and ranks this command starts log alike
-    logging.basicConfig(level=args.log_level.upper(), format="%(name)s: %(message)s")
+    logging.basicConfig(format="%(name)s: %(message)s")  # a handler on stderr, unless one is there already
+    logging.getLogger().setLevel(args.log_level.upper())
     try:
         return args.run(args)
     except SpecdecError as exc:

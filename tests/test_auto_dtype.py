@@ -4,6 +4,7 @@ with plain decoding, and a G-test of sampling, in the dtype auto picked)."""
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 import torch
@@ -111,3 +112,17 @@ def test_sampling_follows_the_bf16_target(bf16_target, tiny_noisy_draft):
     exact = exact_joint(target_next_probs(bf16_target, params, torch.bfloat16), prompt)
     kl, tolerance = g_test_kl(counts, exact, num_draws)
     assert kl <= tolerance, f"KL {kl:.5f} > tolerance {tolerance:.5f}"
+
+
+def test_the_cli_says_what_auto_picked_at_log_level_info(smol_path, caplog, monkeypatch, capsys):
+    from specdec.cli import LOG_LEVEL_ENV, main
+
+    monkeypatch.setenv(LOG_LEVEL_ENV, "warning")  # restored afterwards: main sets it for the servers it starts
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "level", root.level)
+    cpu_auto_dtype.cache_clear()
+    root.setLevel(logging.WARNING)
+    assert main(["--log-level", "info", "generate", "--target", smol_path, "--max-new-tokens", "2", "Hi"]) == 0
+    assert root.level == logging.INFO  # what lets the line through: main set it
+    assert any(line.startswith("dtype auto: float32") and "stored in float32" in line for line in auto_lines(caplog))
+    assert os.environ[LOG_LEVEL_ENV] == "info"
