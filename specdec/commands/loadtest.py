@@ -102,7 +102,6 @@ def run(args: argparse.Namespace) -> int:
     labels = [label + (" over HTTP" if args.http is not None else "") for label, _ in configs]
     if not remote:  # local stacks: the figures depend on this machine
         from specdec.bench.machine import machine_info
-
         from specdec.device import placement
 
         machine = machine_info()
