@@ -30,9 +30,11 @@ class DraftServicer(draft_pb2_grpc.DraftWorkerServicer):
 
     def GetWorkerInfo(self, request, context):
         ids, served = self.worker.info()
+        runner = getattr(self.worker.drafter, "runner", None)  # None: a drafter without a model (ngram, suffix)
         return common_pb2.WorkerInfo(kind="draft", model_path=self.model_path, vocab_size=self.vocab_size,
                                      sequence_ids=ids, drafter=self.worker.config.drafter, num_served=served,
-                                     device=str(getattr(getattr(self.worker.drafter, "runner", None), "device", "")))
+                                     device=str(getattr(runner, "device", "")),
+                                     dtype=str(getattr(runner, "dtype", "")).removeprefix("torch."))
 
 
 def build_drafter(config: DraftConfig):

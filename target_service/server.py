@@ -76,6 +76,7 @@ class TargetServicer(target_pb2_grpc.TargetWorkerServicer):
                                      tp_degree=self.worker.config.tp,
                                      drafter="" if engine.drafter is None else self.worker.config.drafter,
                                      device=str(engine.runner.device),
+                                     dtype=str(engine.runner.dtype).removeprefix("torch."),
                                      kv_capacity_source=self.worker.kv_budget.source,
                                      kv_bytes_per_token=self.worker.kv_budget.bytes_per_token,
                                      **_kv_fields(self.worker.kv_figures()), **_prefix_fields(engine.runner.prefix_cache))

@@ -68,7 +68,7 @@ class WorkerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("kind", "model_path", "vocab_size", "max_context_len", "sequence_ids", "drafter", "num_served", "max_tree_nodes", "num_verify_forwards", "num_sequence_steps", "max_batch_seen", "max_batch", "kv_capacity_tokens", "kv_reserved_tokens", "kv_used_tokens", "num_sequences", "max_sequences", "num_refused", "tp_degree", "device", "kv_capacity_source", "kv_bytes_per_token", "prefix_cache_bytes", "prefix_cache_looked_up_tokens", "prefix_cache_hit_tokens")
+    __slots__ = ("kind", "model_path", "vocab_size", "max_context_len", "sequence_ids", "drafter", "num_served", "max_tree_nodes", "num_verify_forwards", "num_sequence_steps", "max_batch_seen", "max_batch", "kv_capacity_tokens", "kv_reserved_tokens", "kv_used_tokens", "num_sequences", "max_sequences", "num_refused", "tp_degree", "device", "kv_capacity_source", "kv_bytes_per_token", "prefix_cache_bytes", "prefix_cache_looked_up_tokens", "prefix_cache_hit_tokens", "dtype")
     KIND_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +94,7 @@ class WorkerInfo(_message.Message):
     PREFIX_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_LOOKED_UP_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
     kind: str
     model_path: str
     vocab_size: int
@@ -119,4 +120,5 @@ class WorkerInfo(_message.Message):
     prefix_cache_bytes: int
     prefix_cache_looked_up_tokens: int
     prefix_cache_hit_tokens: int
-    def __init__(self, kind: _Optional[str] = ..., model_path: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context_len: _Optional[int] = ..., sequence_ids: _Optional[_Iterable[str]] = ..., drafter: _Optional[str] = ..., num_served: _Optional[int] = ..., max_tree_nodes: _Optional[int] = ..., num_verify_forwards: _Optional[int] = ..., num_sequence_steps: _Optional[int] = ..., max_batch_seen: _Optional[int] = ..., max_batch: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., kv_reserved_tokens: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., num_sequences: _Optional[int] = ..., max_sequences: _Optional[int] = ..., num_refused: _Optional[int] = ..., tp_degree: _Optional[int] = ..., device: _Optional[str] = ..., kv_capacity_source: _Optional[str] = ..., kv_bytes_per_token: _Optional[int] = ..., prefix_cache_bytes: _Optional[int] = ..., prefix_cache_looked_up_tokens: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ...) -> None: ...
+    dtype: str
+    def __init__(self, kind: _Optional[str] = ..., model_path: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context_len: _Optional[int] = ..., sequence_ids: _Optional[_Iterable[str]] = ..., drafter: _Optional[str] = ..., num_served: _Optional[int] = ..., max_tree_nodes: _Optional[int] = ..., num_verify_forwards: _Optional[int] = ..., num_sequence_steps: _Optional[int] = ..., max_batch_seen: _Optional[int] = ..., max_batch: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., kv_reserved_tokens: _Optional[int] = ..., kv_used_tokens: _Optional[int] = ..., num_sequences: _Optional[int] = ..., max_sequences: _Optional[int] = ..., num_refused: _Optional[int] = ..., tp_degree: _Optional[int] = ..., device: _Optional[str] = ..., kv_capacity_source: _Optional[str] = ..., kv_bytes_per_token: _Optional[int] = ..., prefix_cache_bytes: _Optional[int] = ..., prefix_cache_looked_up_tokens: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ..., dtype: _Optional[str] = ...) -> None: ...
