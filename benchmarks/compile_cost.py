@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from forward_cost import filled_cache, runner_config, time_forward
+from forward_cost import filled_cache, runner_config, time_forward, time_rounds
 
 OUT = Path(__file__).resolve().parent / "results" / "compile_cost"
 
@@ -46,11 +46,7 @@ def measure(args: argparse.Namespace) -> dict:
         time_forward(runners["torch.compile"], caches["torch.compile"], 1, args.context, rows)
         compile_s[rows] = round(time.perf_counter() - began, 1)
         print(f"torch.compile, {rows} rows: first call (compile) {compile_s[rows]} s", flush=True)
-    times = {(name, rows): [] for name in runners for rows in args.rows}
-    for _ in range(args.repeats + 1):  # round 0 warms up
-        for rows in args.rows:
-            for name, runner in runners.items():
-                times[name, rows].append(time_forward(runner, caches[name], 1, args.context, rows))
+    times = time_rounds(runners, caches, 1, args.context, args.rows, args.repeats)  # round 0 warms up
     results = [{"mode": name, "rows": rows, "fastest_ms": round(min(t[1:]) * 1e3, 2),
                 "median_ms": round(statistics.median(t[1:]) * 1e3, 2)} for (name, rows), t in times.items()]
     return {"machine": cpu_info(), "command": "python " + " ".join(sys.argv), "dtype": args.dtype,

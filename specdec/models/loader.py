@@ -63,6 +63,7 @@ def cpu_auto_dtype(target: str, linear_kernel: str = "auto", kv_cache: str = "st
 
     from specdec.kernels.build import load_kernel
     from specdec.kernels.lean import why_not_config
+    from specdec.kernels.linear import choose
 
     try:
         config = AutoConfig.from_pretrained(target, local_files_only=True)
@@ -79,10 +80,8 @@ def cpu_auto_dtype(target: str, linear_kernel: str = "auto", kv_cache: str = "st
     elif not kernel.native_bf16:
         reason = (f"no native bfloat16 here: specdec's kernels run {kernel.isa}" if kernel.module is not None
                   else f"no native bfloat16 kernels here: {kernel.reason}")
-    elif linear_kernel == "torch":
-        reason = "linear kernel torch: torch's bf16 products are not row-invariant, so a verify could part from plain decoding"
-    elif tp_degree > 1:
-        reason = f"tensor parallel ({tp_degree} ranks) multiplies through torch, not row-invariant in bf16"
+    elif (choice := choose(linear_kernel, torch.device("cpu"), torch.bfloat16, tp_degree > 1)).kernel != "specdec":
+        reason = f"its linear layers would run on torch's kernels ({choice.reason}), not row-invariant in bf16"
     elif kv_cache != "static":
         reason = f"kv_cache {kv_cache} keeps transformers' walk, not specdec's lean forward"
     else:
