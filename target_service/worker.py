@@ -41,6 +41,7 @@ from target_service.tp import Mirror
 
 log = logging.getLogger(__name__)
 Refusal = target_pb2.Refusal
+ADMIT_WAIT_S = 1.0  # the most a decode turn waits for admissions opening their sequences
 
 
 class TargetWorker(DraftIntake):
@@ -75,6 +76,7 @@ class TargetWorker(DraftIntake):
                                                      config.max_batch, config.gpu_memory_fraction, config.tp)
         self.kv = KvRoom(self.kv_budget.capacity_tokens, config.max_sequences)
         self.instruments = TargetInstruments(self.telemetry.metrics, self.kv_figures)
+        self.num_admitting = 0  # under cond: admissions waiting for model_lock (the loop lets them in first)
         self.stopped = False
         self.draining = False  # SIGTERM: no new sequences, the running ones finish
         self.thread = threading.Thread(target=self._loop, name="target-decode", daemon=True)
@@ -99,8 +101,14 @@ class TargetWorker(DraftIntake):
             if seq_id in self.seqs:
                 raise InvalidArgument(f"sequence {seq_id!r} is already admitted")
             self.kv.check_room(self.seqs, kv_tokens)
-        with self.model_lock:  # opened (not prefilled yet) on every tensor-parallel rank
-            seq, session = self.mirror.admit(self.engine, prompt_ids, params, resumed_ids)
+            self.num_admitting += 1
+        try:
+            with self.model_lock:  # opened (not prefilled yet) on every tensor-parallel rank
+                seq, session = self.mirror.admit(self.engine, prompt_ids, params, resumed_ids)
+        finally:
+            with self.cond:
+                self.num_admitting -= 1
+                self.cond.notify_all()
         state = SeqState(seq, expect_drafts and session is None, session=session,
                          version=seq.version, context_len=len(seq.context), kv_tokens=kv_tokens,
                          trace_parent=self.telemetry.current_context(), owner_key=owner_key, draft_key=draft_key)
@@ -178,6 +186,9 @@ class TargetWorker(DraftIntake):
         """Each turn: one decode step of the ready sequences, then one prefill chunk (if any is waiting)."""
         while True:
             with self.cond:
+                # a lock is not fair: taken again right after each step, it could keep an admission out
+                # until every running sequence ends. Opening a sequence is quick; let it in first.
+                self.cond.wait_for(lambda: self.stopped or not self.num_admitting, timeout=ADMIT_WAIT_S)
                 if self.stopped:
                     return
                 prefilling = min(((i, s) for i, s in self.seqs.items() if s.prefilling),

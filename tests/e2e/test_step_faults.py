@@ -169,3 +169,34 @@ def test_a_dead_loop_says_so_and_ends_every_stream(target, tiny_models):
         with pytest.raises(Unavailable):
             client.generate(PROMPTS["good"], PARAMS, timeout_s=30)
         assert time.monotonic() - start < 5.0  # refused, not left waiting for a dead target
+
+
+class SlowSteps:
+    """The hook: each verify sleeps `delay_s` (inside the model lock, as a long forward would); counts them."""
+
+    def __init__(self, delay_s: float):
+        self.delay_s, self.calls = delay_s, 0
+
+    def __call__(self, point: str, seq_ids: list[str]) -> None:
+        if point == "verify":
+            self.calls += 1
+            time.sleep(self.delay_s)
+
+
+def test_an_admission_is_not_starved_by_a_busy_decode_loop(target):
+    """The loop takes the model lock again right after each step; an admission waiting for it (to open
+    its sequence) must get it at the next turn, not after every running sequence has finished."""
+    slow = SlowSteps(delay_s=0.05)
+    worker, _ = target(slow)
+    long = SamplingParams(max_new_tokens=200, ignore_eos=True)
+    worker.admit("busy", PROMPTS["bad"], long, expect_drafts=False)
+    deadline = time.monotonic() + 30
+    while slow.calls < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert slow.calls >= 3, "the first sequence never started decoding"
+    steps_before = slow.calls
+    worker.admit("late", PROMPTS["good"], long, expect_drafts=False)
+    assert slow.calls - steps_before <= 3  # admitted at the next turn or so (200 steps if starved)
+    assert sorted(worker.info()[0]) == ["busy", "late"]
+    worker.release("busy")
+    worker.release("late")
