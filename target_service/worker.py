@@ -76,7 +76,9 @@ class TargetWorker(DraftIntake):
                                                      config.max_batch, config.gpu_memory_fraction, config.tp)
         self.kv = KvRoom(self.kv_budget.capacity_tokens, config.max_sequences)
         self.instruments = TargetInstruments(self.telemetry.metrics, self.kv_figures)
-        self.num_admitting = 0  # under cond: admissions waiting for model_lock (the loop lets them in first)
+        # under cond: admissions that asked for model_lock, and those that are done with it (the loop lets
+        # the ones waiting at the start of its turn in first; later ones wait for the next turn)
+        self.num_admissions_begun = self.num_admissions_done = 0
         self.stopped = False
         self.draining = False  # SIGTERM: no new sequences, the running ones finish
         self.thread = threading.Thread(target=self._loop, name="target-decode", daemon=True)
@@ -101,13 +103,13 @@ class TargetWorker(DraftIntake):
             if seq_id in self.seqs:
                 raise InvalidArgument(f"sequence {seq_id!r} is already admitted")
             self.kv.check_room(self.seqs, kv_tokens)
-            self.num_admitting += 1
+            self.num_admissions_begun += 1
         try:
             with self.model_lock:  # opened (not prefilled yet) on every tensor-parallel rank
                 seq, session = self.mirror.admit(self.engine, prompt_ids, params, resumed_ids)
         finally:
             with self.cond:
-                self.num_admitting -= 1
+                self.num_admissions_done += 1
                 self.cond.notify_all()
         state = SeqState(seq, expect_drafts and session is None, session=session,
                          version=seq.version, context_len=len(seq.context), kv_tokens=kv_tokens,
@@ -187,8 +189,9 @@ class TargetWorker(DraftIntake):
         while True:
             with self.cond:
                 # a lock is not fair: taken again right after each step, it could keep an admission out
-                # until every running sequence ends. Opening a sequence is quick; let it in first.
-                self.cond.wait_for(lambda: self.stopped or not self.num_admitting, timeout=ADMIT_WAIT_S)
+                # until every running sequence ends. Opening a sequence is quick; let those waiting in first.
+                due = self.num_admissions_begun
+                self.cond.wait_for(lambda: self.stopped or self.num_admissions_done >= due, timeout=ADMIT_WAIT_S)
                 if self.stopped:
                     return
                 prefilling = min(((i, s) for i, s in self.seqs.items() if s.prefilling),
