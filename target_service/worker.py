@@ -292,31 +292,6 @@ class TargetWorker(DraftIntake):
         for seq_id, state in states:
             state.outbox.put(Unavailable(f"sequence {seq_id}: target worker {reason}"))
 
-    @staticmethod
-    def _tell_drafters(seq_id: str, state: SeqState, commit, budget: int | None) -> None:
-        """The commit, for the sequence's draft workers. The first commit of budget 0 goes out (it tells
-        them to stop drafting); while the budget stays 0 the steps' tokens are held back, and the next
-        commit that lets them draft, or ends the sequence, carries them all (`base_version`). A message
-        per sequence per step, for drafts nobody asked for, woke a draft worker process on the target's
-        cores at every step (prompt lookup in a draft worker at 16 users: ~5% more tokens/s without
-        them, in alternating runs; within the noise at 8). The worker is never out of step when it
-        drafts: the commit before a probe carries the probe's budget, so its draft is made at once on
-        the current version; a worker that joined late gets a catch-up it cannot place and asks, as
-        for any missed commit."""
-        if budget == 0 and state.drafters_budget == 0 and not commit.finish_reason:
-            state.unsent_ids.extend(commit.token_ids)
-            return
-        message = commit
-        if state.unsent_ids:
-            message = target_pb2.Commit()
-            message.CopyFrom(commit)
-            message.base_version = state.drafters_version
-            message.token_ids[:] = state.unsent_ids + list(commit.token_ids)
-            state.unsent_ids = []
-        state.drafters_version, state.drafters_budget = commit.version, budget
-        for link in state.drafters:
-            link.send(target_pb2.VerifyMessage(sequence_id=seq_id, commit=message))
-
     def _publish(self, seq_id: str, state: SeqState, step) -> None:
         seq = state.seq
         commit = target_pb2.Commit(sequence_id=seq_id, version=seq.version, token_ids=step.token_ids,
@@ -333,7 +308,7 @@ class TargetWorker(DraftIntake):
             state.version, state.context_len = seq.version, len(seq.context)
             state.pending = None  # anything queued during the step was built on the old version
             if state.drafters:
-                self._tell_drafters(seq_id, state, commit, None if budget == NO_CAP else budget)
+                state.tell_drafters(seq_id, commit, None if budget == NO_CAP else budget)
             if seq.finish_reason is not None:
                 del self.seqs[seq_id]
                 self.policy.remove(seq_id)

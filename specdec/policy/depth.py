@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specdec.core.tree import node_depths
-from specdec.policy.budget import CostTable
+from specdec.policy.cost_table import CostTable
 
 
 @dataclass(frozen=True)
