@@ -127,8 +127,8 @@ def serve(config: TargetConfig) -> int:
 
     if config.tp > 1 and "WORLD_SIZE" not in os.environ:  # the launcher: this same command as N ranks
         return tp_group.launch(config)
-    device, dtype = placement(config.device, config.dtype, config.tp, target=config.model,
-                              linear_kernel=config.linear_kernel, kv_cache=config.kv_cache)  # refusals before any weight loads
+    device, dtype = placement(config.device, config.dtype, config.tp, target=config.model,  # refusals before any
+                              linear_kernel=config.linear_kernel, kv_cache=config.kv_cache)  # weight loads
     rank = tp_group.join(config, device)
     if config.num_threads > 0:
         torch.set_num_threads(config.num_threads)

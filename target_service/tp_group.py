@@ -63,7 +63,8 @@ def launch(config: TargetConfig) -> int:
     from specdec.device import placement
     from specdec.launch import PARENT_ENV  # ranks die with their parent (specdec.launch.die_with_parent)
 
-    device, _ = placement(config.device, config.dtype, config.tp, target=config.model)  # too few GPUs: refused before any rank starts
+    # too few GPUs: refused before any rank starts
+    device, _ = placement(config.device, config.dtype, config.tp, target=config.model)
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -93,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
         from specdec.device import placement
         from specdec.models.loader import resolve_path
 
-        device, _ = placement(args.device, args.dtype, args.tp, target=args.target)  # too few GPUs: refused before any rank starts
+        # too few GPUs: refused before any rank starts
+        device, _ = placement(args.device, args.dtype, args.tp, target=args.target)
         parallel.check_tp_degree(AutoConfig.from_pretrained(resolve_path(args.target), local_files_only=True), args.tp)
         return parallel.launch(args.argv, args.tp, device_name=device.type)
     from specdec.engine import Engine
