@@ -3,6 +3,7 @@
 #include <torch/extension.h>
 
 #include "layer_rows.h"
+#include "norm_rows.h"
 
 namespace {
 
@@ -52,5 +53,22 @@ torch::Tensor residual_add(torch::Tensor x, torch::Tensor y, int64_t isa) {
     specdec_rows::add_into(xc.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(), out.numel(), path);
   else
     specdec_rows::add_into(xc.data_ptr<float>(), out.data_ptr<float>(), out.numel(), path);
+  return out;
+}
+
+// x [R, H] contiguous, weight [H] of x's dtype (float32 or bfloat16) -> RMSNorm of each row, as layer.cpp norms.
+torch::Tensor rms_norm_rows(torch::Tensor x, torch::Tensor weight, double eps, int64_t isa) {
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 1 && x.size(1) == weight.size(0) && x.scalar_type() == weight.scalar_type() &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "rms_norm_rows: x [R, H], weight [H] of x's dtype, float32 or bfloat16");
+  const specdec_rows::Isa path = checked(isa);
+  auto xc = x.contiguous(), wc = weight.contiguous();
+  auto out = torch::empty_like(xc);
+  if (x.scalar_type() == at::kBFloat16)
+    specdec_rows::rms_norm(xc.data_ptr<at::BFloat16>(), wc.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(),
+                           x.size(1), static_cast<float>(eps), 0, x.size(0), path);
+  else
+    specdec_rows::rms_norm(xc.data_ptr<float>(), wc.data_ptr<float>(), out.data_ptr<float>(), x.size(1),
+                           static_cast<float>(eps), 0, x.size(0), path);
   return out;
 }

@@ -61,3 +61,18 @@ def test_rotary_rows_do_not_depend_on_each_other(dtype):
     for r in (0, 5, 15):
         alone = KERNEL.module.rotary(x[r:r + 1], cos[r:r + 1], sin[r:r + 1], PATHS[-1])
         assert torch.equal(bits(alone[0]), bits(many[r]))
+
+
+@pytest.mark.parametrize("isa", PATHS[1:])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [1, 7, 8, 15, 16, 17, 33, 576, 583])
+def test_rms_norm_vector_paths_are_the_scalar_path_bitwise(isa, dtype, hidden):
+    """norm_rows.h: the AVX2 and AVX-512 RMSNorm give the scalar reference's bits (its eight running sums in
+    order, each product and sum rounded on its own, bf16 to nearest even), whole vectors or a tail, with
+    zeros of either sign, huge values (squares past float32's range) and subnormal ones mixed in."""
+    x = torch.cat([values((6, hidden), dtype, seed=hidden), torch.randn(3, hidden).to(dtype)])
+    weight = values((hidden,), dtype, seed=hidden + 1)
+    want = KERNEL.module.rms_norm_rows(x, weight, 1e-5, 0)
+    got = KERNEL.module.rms_norm_rows(x, weight, 1e-5, isa)
+    assert torch.equal(bits(got), bits(want))
+    assert torch.isfinite(want[6:].float()).all()  # plain rows stay finite: the check compares real numbers too
