@@ -16,7 +16,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name(name) for name in ("rowgemm.cpp", "rowgemm_amx.cpp", "attention.cpp", "attention_avx2.cpp", "norm.cpp", "layer.cpp", "rows.cpp", "argmax.cpp", "top_probs.cpp", "peak.cpp", "module.cpp")]
-HEADERS = [Path(__file__).with_name(name) for name in ("attention_amx.h", "attention_amx_pv.h", "attention_probs.h", "attention_simd.h", "attention_units.h", "attention_weigh_pairs.h", "avx2_bf16.h", "layer_rows.h", "norm_rows.h", "parts.h", "rowgemm_bf16.h", "rowgemm_common.h", "rowgemm_f32.h", "team_barrier.h")]  # part of the digest, not compiled alone
+HEADERS = [Path(__file__).with_name(name) for name in ("attention_amx.h", "attention_amx_pv.h", "attention_probs.h", "attention_simd.h", "attention_units.h", "attention_weigh_pairs.h", "avx2_bf16.h", "act_rows.h", "layer_rows.h", "norm_rows.h", "parts.h", "rowgemm_bf16.h", "rowgemm_common.h", "rowgemm_f32.h", "team_barrier.h")]  # part of the digest, not compiled alone
 NAME = "specdec_rowgemm"
 ISA_NAMES = ("scalar", "avx2", "avx512", "avx512_bf16", "amx_bf16")  # rowgemm.cpp's Isa enum, by value
 ROWS_AVX512 = 2  # layer_rows.h's Isa (rows_isa()): the AVX-512 path of the row kernels (argmax, top_probs)

@@ -6,7 +6,7 @@
 //   store by index) -> attention (attention.cpp) -> o -> + residual -> RMSNorm -> gate|up (one packed
 //   weight) -> silu(gate) * up -> down -> + residual.
 // Every step is the operation transformers runs, with the same roundings in the same order (products
-// and sums of rotary rounded one by one, silu and its product by ATen's own kernels), so the hidden
+// and sums of rotary rounded one by one, silu and its product as ATen's own kernels round them), so the hidden
 // states are bitwise those of the transformers walk over the same kernels, and row-invariant as they are.
 #include <torch/extension.h>
 #include <omp.h>
@@ -16,6 +16,7 @@
 #include <cstring>
 #include <vector>
 
+#include "act_rows.h"
 #include "layer_rows.h"
 #include "parts.h"
 #include "team_barrier.h"
@@ -134,8 +135,6 @@ class LeanStack {
     p.attn = torch::empty({M, heads_, d_}, opts);
     p.gate_up = torch::empty({M, layers_[0].gate_up.size(0) * 32}, opts);
     p.act = torch::empty({M, inter_}, opts);
-    p.gate = p.gate_up.narrow(1, 0, inter_);
-    p.up = p.gate_up.narrow(1, up_col_, inter_);
     p.out = ragged ? torch::empty({M, hidden_}, opts) : torch::empty({B, n, hidden_}, opts);
     p.hidden = hidden;
     p.store = store;
@@ -178,25 +177,27 @@ class LeanStack {
     bool bf16;
     int64_t B, n, start, capacity;
     std::vector<int64_t> seq_rows, seq_start, row_seq, row_col;  // per sequence; per row: (b, i)
-    torch::Tensor hidden, store, cos, sin, xs, h, normed, qkv, attn, gate_up, act, gate, up, out;
+    torch::Tensor hidden, store, cos, sin, xs, h, normed, qkv, attn, gate_up, act, out;
     specdec_parts::AttendArgs args;
     specdec_team::Barrier barrier;
   };
 
-  // act = silu(gate) * up over rows [begin, end) and columns [c0, c1), by ATen's own kernels (their
-  // roundings; silu's exp is Sleef's): a row's elements take the same inner loop whichever rows share the
-  // call (gate's rows are not contiguous with each other, so ATen never runs one loop across rows), and
-  // whichever columns do, where c0 is a multiple of ACT_ALIGN: ATen's vector loop then starts its vectors at
-  // the same elements and leaves the row's last elements to the same scalar tail.
-  // InferenceMode: on a team thread, which has none of the caller's, act (an inference tensor when the
-  // caller is in inference mode) may be written in place.
-  static constexpr int64_t ACT_ALIGN = 64;  // a multiple of twice any vector ATen runs (bf16, AVX-512: 2 x 32)
-  static void silu_times_up(Plan& p, int64_t begin, int64_t end, int64_t c0, int64_t c1) {
-    if (begin >= end || c0 >= c1) return;
-    c10::InferenceMode guard;
-    torch::Tensor act = p.act.narrow(0, begin, end - begin).narrow(1, c0, c1 - c0);
-    at::silu_out(act, p.gate.narrow(0, begin, end - begin).narrow(1, c0, c1 - c0));
-    act.mul_(p.up.narrow(0, begin, end - begin).narrow(1, c0, c1 - c0));
+  // act = silu(gate) * up over rows [begin, end) and columns [c0, c1): each row's run of columns as ATen's
+  // silu_out and mul_ over those views compute it (act_rows.h), so a row's elements take the same path
+  // whichever rows share the call, and whichever columns do, where c0 is a multiple of ACT_ALIGN: the
+  // runs then split into vector steps and a tail at the same elements.
+  static constexpr int64_t ACT_ALIGN = 64;  // a multiple of any step ATen takes (bf16 silu, AVX-512: 2 x 32)
+  void silu_times_up(Plan& p, int64_t begin, int64_t end, int64_t c0, int64_t c1) const {
+    const int64_t wgu = p.gate_up.size(1);
+    for (int64_t r = begin; r < end && c0 < c1; ++r) {
+      if (p.bf16) {
+        const at::BFloat16* gate = p.gate_up.data_ptr<at::BFloat16>() + r * wgu;
+        specdec_rows::silu_mul(gate + c0, gate + up_col_ + c0, p.act.data_ptr<at::BFloat16>() + r * inter_ + c0, c1 - c0);
+      } else {
+        const float* gate = p.gate_up.data_ptr<float>() + r * wgu;
+        specdec_rows::silu_mul(gate + c0, gate + up_col_ + c0, p.act.data_ptr<float>() + r * inter_ + c0, c1 - c0);
+      }
+    }
   }
 
   // Each part's share of silu(gate) * up: its own rows, or with fewer rows than parts (a one-row forward)

@@ -2,6 +2,7 @@
 // is asked for by name, so a test can hold every one the CPU runs to torch's own ops bit for bit.
 #include <torch/extension.h>
 
+#include "act_rows.h"
 #include "layer_rows.h"
 #include "norm_rows.h"
 
@@ -72,3 +73,26 @@ torch::Tensor rms_norm_rows(torch::Tensor x, torch::Tensor weight, double eps, i
                            static_cast<float>(eps), 0, x.size(0), path);
   return out;
 }
+
+// gate, up [R, n] (any row strides, unit column stride), float32 or bfloat16 -> silu(gate) * up [R, n], as
+// layer.cpp computes a row's run of the MLP's activation (by ATen's capability's path, act_rows.h).
+torch::Tensor silu_mul_rows(torch::Tensor gate, torch::Tensor up) {
+  TORCH_CHECK(gate.dim() == 2 && gate.sizes() == up.sizes() && gate.stride(1) == 1 && up.stride(1) == 1 &&
+                  gate.scalar_type() == up.scalar_type() &&
+                  (gate.scalar_type() == at::kFloat || gate.scalar_type() == at::kBFloat16),
+              "silu_mul_rows: gate, up [R, n] of one dtype, float32 or bfloat16, columns contiguous");
+  auto out = torch::empty(gate.sizes(), gate.options());
+  const int64_t n = gate.size(1);
+  for (int64_t r = 0; r < gate.size(0); ++r) {
+    if (gate.scalar_type() == at::kBFloat16)
+      specdec_rows::silu_mul(gate.data_ptr<at::BFloat16>() + r * gate.stride(0),
+                             up.data_ptr<at::BFloat16>() + r * up.stride(0), out.data_ptr<at::BFloat16>() + r * n, n);
+    else
+      specdec_rows::silu_mul(gate.data_ptr<float>() + r * gate.stride(0), up.data_ptr<float>() + r * up.stride(0),
+                             out.data_ptr<float>() + r * n, n);
+  }
+  return out;
+}
+
+// The path act_rows.h takes in this process: ATen's CPU capability (0 DEFAULT, 1 AVX2, 2 AVX-512).
+int64_t act_isa() { return specdec_rows::aten_isa(); }

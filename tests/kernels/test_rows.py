@@ -76,3 +76,46 @@ def test_rms_norm_vector_paths_are_the_scalar_path_bitwise(isa, dtype, hidden):
     got = KERNEL.module.rms_norm_rows(x, weight, 1e-5, isa)
     assert torch.equal(bits(got), bits(want))
     assert torch.isfinite(want[6:].float()).all()  # plain rows stay finite: the check compares real numbers too
+
+
+SILU_MUL_CHECK = """
+import sys, torch, torch.nn.functional as F
+from specdec.kernels.build import load_kernel
+torch.set_num_threads(1)  # ATen splits a large call between threads mid-run; the lean forward calls it on one
+kernel = load_kernel().module
+assert kernel.act_isa() == {"DEFAULT": 0, "AVX2": 1, "AVX512": 2}[torch.backends.cpu.get_cpu_capability()]
+gen = torch.Generator().manual_seed(0)
+every_bf16 = torch.arange(0, 65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+floats = torch.cat([torch.randn(20000, generator=gen) * s for s in (0.1, 1, 10, 100)]
+                   + [torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 88.0, -88.0, 1e-40])])
+for n in (1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 96, 127, 129, 768, 1537):
+    for dtype, gates in ((torch.bfloat16, every_bf16), (torch.float32, floats)):
+        rows = (gates.numel() + n - 1) // n
+        gate_up = torch.randn(rows, 2 * n + 5, generator=gen).to(dtype) * 3  # gate and up: views with a row stride
+        gate_up[:, :n] = torch.cat([gates, gates[:rows * n - gates.numel()]]).to(dtype).view(rows, n)
+        gate, up = gate_up[:, :n], gate_up[:, n + 5:]
+        want = F.silu(gate)
+        want.mul_(up)
+        got = kernel.silu_mul_rows(gate, up)
+        view = torch.int16 if dtype == torch.bfloat16 else torch.int32
+        assert torch.equal(got.view(view), want.view(view)), (dtype, n, int((got.view(view) != want.view(view)).sum()))
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("capability", ["default", "avx2", "avx512"])
+def test_silu_times_up_is_atens_bitwise_on_every_capability(capability):
+    """act_rows.h: silu(gate) * up equals ATen's silu_out then mul_ (what transformers' walk runs) bit for bit,
+    NaN bits included, under each CPU capability ATen can run here (ATEN_CPU_CAPABILITY, in a fresh process),
+    for every bf16 gate value and float32 ones of many scales, in runs that end in whole vector steps or not."""
+    import os
+    import subprocess
+    import sys
+
+    if capability == "avx512" and KERNEL.module.rows_isa() < 2:
+        pytest.skip("this CPU has no AVX-512")
+    if capability == "avx2" and KERNEL.module.rows_isa() < 1:
+        pytest.skip("this CPU has no AVX2")
+    env = dict(os.environ, ATEN_CPU_CAPABILITY=capability)
+    run = subprocess.run([sys.executable, "-c", SILU_MUL_CHECK], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-2000:]

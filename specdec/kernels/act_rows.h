@@ -1,0 +1,127 @@
+// silu(gate) * up, the Llama MLP's activation, one row's run of columns at a time, bit for bit what ATen's
+// two tensor ops (at::silu_out, then mul_) store, which is what transformers' walk computes: the lean
+// forward's hidden states stay bitwise the walk's. Written out because the two ATen calls, with their
+// views, cost ~7 us a layer on each thread however few the elements (0.2 ms of a one-row bf16 forward).
+//
+// What ATen runs, and so what this does, follows its CPU capability (at::get_cpu_capability, which
+// ATEN_CPU_CAPABILITY can lower): with AVX-512 or AVX2 its loop over a run of n elements takes whole steps
+// of vectors (silu: 2 x 16 floats or 2 x 32 bf16 on AVX-512, half that on AVX2) and the rest one by one,
+// so a run here splits at the same places (found by test: tests/kernels/test_rows.py). Vector lanes: silu = x / (1 + exp(-x)) with exp by Sleef_expf16_u10
+// (AVX-512) or Sleef_expf8_u10 (AVX2), libtorch's own; bf16 rounds to nearest even with NaN -> 0xFFFF.
+// Elements one by one (and every element under DEFAULT): std::exp, and c10's rounding (NaN -> 0x7FC0).
+// tests/kernels/test_rows.py holds each capability's path to ATen's ops, every bf16 value included.
+#pragma once
+#include <ATen/Version.h>
+#include <c10/util/BFloat16.h>
+#include <immintrin.h>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "layer_rows.h"
+
+extern "C" {
+__m512 Sleef_expf16_u10(__m512);  // in libtorch_cpu, as ATen's vectorized exp calls them
+__m256 Sleef_expf8_u10(__m256);
+}
+
+namespace specdec_rows {
+
+// The path ATen's element-wise kernels take in this process (asked once).
+inline Isa aten_isa() {
+  static const Isa isa = [] {
+    const std::string cap = at::get_cpu_capability();
+    return cap == "AVX512" ? AVX512 : cap == "AVX2" ? AVX2 : SCALAR;
+  }();
+  return isa;
+}
+
+template <typename T>
+inline T silu_one(T g) {
+  const float x = static_cast<float>(g);
+  return static_cast<T>(x / (1.0f + std::exp(-x)));
+}
+
+template <typename T>
+inline T silu_mul_one(T g, T u) {
+  return static_cast<T>(static_cast<float>(silu_one(g)) * static_cast<float>(u));
+}
+
+// ATen's vectorized float -> bf16 (to nearest even, NaN -> 0xFFFF), as a float.
+ROWS_AVX512 inline __m512 aten_round16(__m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i top = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+  top = _mm512_mask_mov_epi32(_mm512_set1_epi32(0xFFFF), _mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), top);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(top, 16));
+}
+
+// On AVX-512 ATen's bf16 silu takes 64 elements a step but its bf16 product 32, so a run's elements
+// [n / 64 * 64, n / 32 * 32) have silu one by one and the product by vector (which shows in a NaN's bits).
+template <typename T>
+ROWS_AVX512 void silu_mul_avx512(const T* gate, const T* up, T* out, int64_t n) {
+  constexpr bool bf16 = std::is_same<T, at::BFloat16>::value;
+  const int64_t silu_end = n / (bf16 ? 64 : 32) * (bf16 ? 64 : 32), mul_end = bf16 ? n / 32 * 32 : silu_end;
+  const __m512 one = _mm512_set1_ps(1.0f), sign = _mm512_set1_ps(-0.0f);
+  for (int64_t j = 0; j < mul_end; j += 16) {
+    __m512 s;
+    if (j < silu_end) {
+      const __m512 x = load16(gate + j, 0xFFFF);
+      s = _mm512_div_ps(x, add16(one, Sleef_expf16_u10(_mm512_xor_ps(x, sign))));
+      if (bf16) s = aten_round16(s);
+    } else {
+      alignas(64) float each[16];
+      for (int e = 0; e < 16; ++e) each[e] = static_cast<float>(silu_one(gate[j + e]));
+      s = _mm512_load_ps(each);
+    }
+    const __m512 y = mul16(s, load16(up + j, 0xFFFF));
+    if constexpr (bf16) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j),
+                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(aten_round16(y)), 16)));
+    } else {
+      _mm512_storeu_ps(reinterpret_cast<float*>(out + j), y);
+    }
+  }
+  for (int64_t j = mul_end; j < n; ++j) out[j] = silu_mul_one(gate[j], up[j]);
+}
+
+ROWS_AVX2 inline __m256 aten_round8(__m256 v) {  // as aten_round16
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i top = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+  const __m256i ordered = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_ORD_Q));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_blendv_epi8(_mm256_set1_epi32(0xFFFF), top, ordered), 16));
+}
+
+template <typename T>
+ROWS_AVX2 void silu_mul_avx2(const T* gate, const T* up, T* out, int64_t n) {
+  constexpr bool bf16 = std::is_same<T, at::BFloat16>::value;
+  const int64_t vec_end = n / (bf16 ? 32 : 16) * (bf16 ? 32 : 16);
+  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+  for (int64_t j = 0; j < vec_end; j += 8) {
+    const __m256 x = load8(gate + j);
+    __m256 s = _mm256_div_ps(x, _mm256_add_ps(one, Sleef_expf8_u10(_mm256_xor_ps(x, sign))));
+    if (bf16) s = aten_round8(s);
+    const __m256 y = _mm256_mul_ps(s, load8(up + j));  // no "fma" in this target: nothing to contract
+    if constexpr (bf16) {
+      const __m256i top = _mm256_srli_epi32(_mm256_castps_si256(aten_round8(y)), 16);
+      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(top, top), 0x08);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), _mm256_castsi256_si128(packed));
+    } else {
+      _mm256_storeu_ps(reinterpret_cast<float*>(out + j), y);
+    }
+  }
+  for (int64_t j = vec_end; j < n; ++j) out[j] = silu_mul_one(gate[j], up[j]);
+}
+
+// out[j] = silu(gate[j]) * up[j] for j < n, as ATen's silu_out then mul_ over a run of n store it.
+template <typename T>
+inline void silu_mul(const T* gate, const T* up, T* out, int64_t n) {
+  const Isa isa = aten_isa();
+  if (isa == AVX512) silu_mul_avx512<T>(gate, up, out, n);
+  else if (isa == AVX2) silu_mul_avx2<T>(gate, up, out, n);
+  else for (int64_t j = 0; j < n; ++j) out[j] = silu_mul_one(gate[j], up[j]);
+}
+
+}  // namespace specdec_rows
