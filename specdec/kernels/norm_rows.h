@@ -12,6 +12,12 @@
 
 namespace specdec_rows {
 
+// 1 / sqrt(mean + eps) from the eight running sums of squares, combined in one fixed order.
+inline float rms_scale(const float* lanes, int64_t H, float eps) {
+  const float sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  return 1.0f / std::sqrt(sum / static_cast<float>(H) + eps);
+}
+
 // The scalar reference: each product and each sum rounded on its own (no FMA).
 template <typename T>
 inline void norm_range_scalar(const T* x, const T* w, T* y, int64_t H, float eps, int64_t begin, int64_t end) {
@@ -22,8 +28,7 @@ inline void norm_range_scalar(const T* x, const T* w, T* y, int64_t H, float eps
     for (; k + 8 <= H; k += 8)
       for (int l = 0; l < 8; ++l) lanes[l] += static_cast<float>(xr[k + l]) * static_cast<float>(xr[k + l]);
     for (; k < H; ++k) lanes[k % 8] += static_cast<float>(xr[k]) * static_cast<float>(xr[k]);
-    const float sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-    const float scale = 1.0f / std::sqrt(sum / static_cast<float>(H) + eps);
+    const float scale = rms_scale(lanes, H, eps);
     for (int64_t j = 0; j < H; ++j)
       y[r * H + j] = static_cast<T>(static_cast<float>(w[j]) * static_cast<float>(static_cast<T>(static_cast<float>(xr[j]) * scale)));
   }
@@ -52,8 +57,7 @@ ROWS_AVX512 void norm_range_avx512(const T* x, const T* w, T* y, int64_t H, floa
       _mm512_store_ps(sq, mul16(v, v));
       for (int64_t e = 0; k + e < H; ++e) lanes[(k + e) % 8] += sq[e];
     }
-    const float sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-    const __m512 scale = _mm512_set1_ps(1.0f / std::sqrt(sum / static_cast<float>(H) + eps));
+    const __m512 scale = _mm512_set1_ps(rms_scale(lanes, H, eps));
     for (int64_t j = 0; j < H; j += 16) {
       const int64_t left = std::min<int64_t>(16, H - j);
       const __mmask16 m = left == 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
@@ -75,8 +79,7 @@ ROWS_AVX2 void norm_range_avx2(const T* x, const T* w, T* y, int64_t H, float ep
     alignas(32) float lanes[8];
     _mm256_store_ps(lanes, sums);
     for (; k < H; ++k) lanes[k % 8] += static_cast<float>(xr[k]) * static_cast<float>(xr[k]);
-    const float sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-    const float s = 1.0f / std::sqrt(sum / static_cast<float>(H) + eps);
+    const float s = rms_scale(lanes, H, eps);
     const __m256 scale = _mm256_set1_ps(s);
     int64_t j = 0;
     for (; j + 8 <= H; j += 8)
