@@ -6,8 +6,9 @@
 // What ATen runs, and so what this does, follows its CPU capability (at::get_cpu_capability, which
 // ATEN_CPU_CAPABILITY can lower): with AVX-512 or AVX2 its loop over a run of n elements takes whole steps
 // of vectors (silu: 2 x 16 floats or 2 x 32 bf16 on AVX-512, half that on AVX2) and the rest one by one,
-// so a run here splits at the same places (found by test: tests/kernels/test_rows.py). Vector lanes: silu = x / (1 + exp(-x)) with exp by Sleef_expf16_u10
-// (AVX-512) or Sleef_expf8_u10 (AVX2), libtorch's own; bf16 rounds to nearest even with NaN -> 0xFFFF.
+// so a run here splits at the same places (found by test). Vector lanes: silu = x / (1 + exp(-x)) with exp
+// by Sleef_expf16_u10 (AVX-512) or Sleef_expf8_u10 (AVX2), libtorch's own; bf16 rounds to nearest even
+// with NaN -> 0xFFFF.
 // Elements one by one (and every element under DEFAULT): std::exp, and c10's rounding (NaN -> 0x7FC0).
 // tests/kernels/test_rows.py holds each capability's path to ATen's ops, every bf16 value included.
 #pragma once

@@ -6,8 +6,8 @@
 //   store by index) -> attention (attention.cpp) -> o -> + residual -> RMSNorm -> gate|up (one packed
 //   weight) -> silu(gate) * up -> down -> + residual.
 // Every step is the operation transformers runs, with the same roundings in the same order (products
-// and sums of rotary rounded one by one, silu and its product as ATen's own kernels round them), so the hidden
-// states are bitwise those of the transformers walk over the same kernels, and row-invariant as they are.
+// and sums of rotary rounded one by one, silu and its product as ATen's own kernels round them), so the
+// hidden states are bitwise those of the transformers walk over the same kernels, and row-invariant as they are.
 #include <torch/extension.h>
 #include <omp.h>
 #include <ATen/Parallel.h>
@@ -192,10 +192,12 @@ class LeanStack {
     for (int64_t r = begin; r < end && c0 < c1; ++r) {
       if (p.bf16) {
         const at::BFloat16* gate = p.gate_up.data_ptr<at::BFloat16>() + r * wgu;
-        specdec_rows::silu_mul(gate + c0, gate + up_col_ + c0, p.act.data_ptr<at::BFloat16>() + r * inter_ + c0, c1 - c0);
+        at::BFloat16* act = p.act.data_ptr<at::BFloat16>() + r * inter_;
+        specdec_rows::silu_mul(gate + c0, gate + up_col_ + c0, act + c0, c1 - c0);
       } else {
         const float* gate = p.gate_up.data_ptr<float>() + r * wgu;
-        specdec_rows::silu_mul(gate + c0, gate + up_col_ + c0, p.act.data_ptr<float>() + r * inter_ + c0, c1 - c0);
+        float* act = p.act.data_ptr<float>() + r * inter_;
+        specdec_rows::silu_mul(gate + c0, gate + up_col_ + c0, act + c0, c1 - c0);
       }
     }
   }

@@ -30,7 +30,8 @@ inline void norm_range_scalar(const T* x, const T* w, T* y, int64_t H, float eps
     for (; k < H; ++k) lanes[k % 8] += static_cast<float>(xr[k]) * static_cast<float>(xr[k]);
     const float scale = rms_scale(lanes, H, eps);
     for (int64_t j = 0; j < H; ++j)
-      y[r * H + j] = static_cast<T>(static_cast<float>(w[j]) * static_cast<float>(static_cast<T>(static_cast<float>(xr[j]) * scale)));
+      y[r * H + j] = static_cast<T>(static_cast<float>(w[j]) *
+                                    static_cast<float>(static_cast<T>(static_cast<float>(xr[j]) * scale)));
   }
 }
 
@@ -85,7 +86,8 @@ ROWS_AVX2 void norm_range_avx2(const T* x, const T* w, T* y, int64_t H, float ep
     for (; j + 8 <= H; j += 8)
       store8(y + r * H + j, _mm256_mul_ps(load8(w + j), round8<T>(_mm256_mul_ps(load8(xr + j), scale))));
     for (; j < H; ++j)
-      y[r * H + j] = static_cast<T>(static_cast<float>(w[j]) * static_cast<float>(static_cast<T>(static_cast<float>(xr[j]) * s)));
+      y[r * H + j] = static_cast<T>(static_cast<float>(w[j]) *
+                                    static_cast<float>(static_cast<T>(static_cast<float>(xr[j]) * s)));
   }
 }
 

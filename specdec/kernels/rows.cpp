@@ -59,7 +59,8 @@ torch::Tensor residual_add(torch::Tensor x, torch::Tensor y, int64_t isa) {
 
 // x [R, H] contiguous, weight [H] of x's dtype (float32 or bfloat16) -> RMSNorm of each row, as layer.cpp norms.
 torch::Tensor rms_norm_rows(torch::Tensor x, torch::Tensor weight, double eps, int64_t isa) {
-  TORCH_CHECK(x.dim() == 2 && weight.dim() == 1 && x.size(1) == weight.size(0) && x.scalar_type() == weight.scalar_type() &&
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 1 && x.size(1) == weight.size(0) &&
+                  x.scalar_type() == weight.scalar_type() &&
                   (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "rms_norm_rows: x [R, H], weight [H] of x's dtype, float32 or bfloat16");
   const specdec_rows::Isa path = checked(isa);
