@@ -49,14 +49,7 @@ inline T silu_mul_one(T g, T u) {
   return static_cast<T>(static_cast<float>(silu_one(g)) * static_cast<float>(u));
 }
 
-// ATen's vectorized float -> bf16 (to nearest even, NaN -> 0xFFFF), as a float.
-ROWS_AVX512 inline __m512 aten_round16(__m512 v) {
-  const __m512i bits = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  __m512i top = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
-  top = _mm512_mask_mov_epi32(_mm512_set1_epi32(0xFFFF), _mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), top);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(top, 16));
-}
+constexpr int ATEN_NAN = 0xFFFF;  // a NaN's bf16 from ATen's vectorized conversion (c10's scalar one: C10_NAN)
 
 // On AVX-512 ATen's bf16 silu takes 64 elements a step but its bf16 product 32, so a run's elements
 // [n / 64 * 64, n / 32 * 32) have silu one by one and the product by vector (which shows in a NaN's bits).
@@ -69,30 +62,15 @@ ROWS_AVX512 void silu_mul_avx512(const T* gate, const T* up, T* out, int64_t n) 
     __m512 s;
     if (j < silu_end) {
       const __m512 x = load16(gate + j, 0xFFFF);
-      s = _mm512_div_ps(x, add16(one, Sleef_expf16_u10(_mm512_xor_ps(x, sign))));
-      if (bf16) s = aten_round16(s);
+      s = round16<T>(_mm512_div_ps(x, add16(one, Sleef_expf16_u10(_mm512_xor_ps(x, sign)))), ATEN_NAN);
     } else {
       alignas(64) float each[16];
       for (int e = 0; e < 16; ++e) each[e] = static_cast<float>(silu_one(gate[j + e]));
       s = _mm512_load_ps(each);
     }
-    const __m512 y = mul16(s, load16(up + j, 0xFFFF));
-    if constexpr (bf16) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j),
-                          _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(aten_round16(y)), 16)));
-    } else {
-      _mm512_storeu_ps(reinterpret_cast<float*>(out + j), y);
-    }
+    store16(out + j, mul16(s, load16(up + j, 0xFFFF)), 0xFFFF, ATEN_NAN);
   }
   for (int64_t j = mul_end; j < n; ++j) out[j] = silu_mul_one(gate[j], up[j]);
-}
-
-ROWS_AVX2 inline __m256 aten_round8(__m256 v) {  // as aten_round16
-  const __m256i bits = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  const __m256i top = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
-  const __m256i ordered = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_ORD_Q));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_blendv_epi8(_mm256_set1_epi32(0xFFFF), top, ordered), 16));
 }
 
 template <typename T>
@@ -102,16 +80,9 @@ ROWS_AVX2 void silu_mul_avx2(const T* gate, const T* up, T* out, int64_t n) {
   const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
   for (int64_t j = 0; j < vec_end; j += 8) {
     const __m256 x = load8(gate + j);
-    __m256 s = _mm256_div_ps(x, _mm256_add_ps(one, Sleef_expf8_u10(_mm256_xor_ps(x, sign))));
-    if (bf16) s = aten_round8(s);
-    const __m256 y = _mm256_mul_ps(s, load8(up + j));  // no "fma" in this target: nothing to contract
-    if constexpr (bf16) {
-      const __m256i top = _mm256_srli_epi32(_mm256_castps_si256(aten_round8(y)), 16);
-      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(top, top), 0x08);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j), _mm256_castsi256_si128(packed));
-    } else {
-      _mm256_storeu_ps(reinterpret_cast<float*>(out + j), y);
-    }
+    const __m256 e = Sleef_expf8_u10(_mm256_xor_ps(x, sign));
+    const __m256 s = round8<T>(_mm256_div_ps(x, _mm256_add_ps(one, e)), ATEN_NAN);
+    store8(out + j, _mm256_mul_ps(s, load8(up + j)), ATEN_NAN);  // no "fma" in this target: nothing to contract
   }
   for (int64_t j = vec_end; j < n; ++j) out[j] = silu_mul_one(gate[j], up[j]);
 }

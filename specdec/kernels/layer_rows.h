@@ -58,25 +58,30 @@ template <> ROWS_AVX512 inline __m512 load16<at::BFloat16>(const at::BFloat16* p
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
 
-// A float's bfloat16 (in the low 16 bits of its lane): nearest even, NaN -> 0x7FC0.
-ROWS_AVX512 inline __m512i bf16_bits16(__m512 v) {
+// A NaN's bfloat16: at::BFloat16's (c10's scalar rounding). ATen's vectorized conversions give 0xFFFF.
+constexpr int C10_NAN = 0x7FC0;
+
+// A float's bfloat16 (in the low 16 bits of its lane): nearest even, NaN -> nan_bits.
+ROWS_AVX512 inline __m512i bf16_bits16(__m512 v, int nan_bits = C10_NAN) {
   const __m512i bits = _mm512_castps_si512(v);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
   const __m512i top = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
-  return _mm512_mask_mov_epi32(top, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+  return _mm512_mask_mov_epi32(top, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(nan_bits));
 }
 
 // v rounded to T, as a float (what T's tensor op stores and the next op reads back).
-template <typename T> ROWS_AVX512 inline __m512 round16(__m512 v);
-template <> ROWS_AVX512 inline __m512 round16<float>(__m512 v) { return v; }
-template <> ROWS_AVX512 inline __m512 round16<at::BFloat16>(__m512 v) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits16(v), 16));
+template <typename T> ROWS_AVX512 inline __m512 round16(__m512 v, int nan_bits = C10_NAN);
+template <> ROWS_AVX512 inline __m512 round16<float>(__m512 v, int) { return v; }
+template <> ROWS_AVX512 inline __m512 round16<at::BFloat16>(__m512 v, int nan_bits) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits16(v, nan_bits), 16));
 }
 
-template <typename T> ROWS_AVX512 inline void store16(T* p, __m512 v, __mmask16 m);
-template <> ROWS_AVX512 inline void store16<float>(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
-template <> ROWS_AVX512 inline void store16<at::BFloat16>(at::BFloat16* p, __m512 v, __mmask16 m) {
-  _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(bf16_bits16(v)));
+template <typename T> ROWS_AVX512 inline void store16(T* p, __m512 v, __mmask16 m, int nan_bits = C10_NAN);
+template <> ROWS_AVX512 inline void store16<float>(float* p, __m512 v, __mmask16 m, int) {
+  _mm512_mask_storeu_ps(p, m, v);
+}
+template <> ROWS_AVX512 inline void store16<at::BFloat16>(at::BFloat16* p, __m512 v, __mmask16 m, int nan_bits) {
+  _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(bf16_bits16(v, nan_bits)));
 }
 
 // A product and a sum each rounded on its own: GCC writes _mm512_mul_ps and _mm512_add_ps as plain vector
@@ -120,24 +125,24 @@ template <> ROWS_AVX2 inline __m256 load8<at::BFloat16>(const at::BFloat16* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
 
-ROWS_AVX2 inline __m256i bf16_bits8(__m256 v) {  // as bf16_bits16
+ROWS_AVX2 inline __m256i bf16_bits8(__m256 v, int nan_bits = C10_NAN) {  // as bf16_bits16
   const __m256i bits = _mm256_castps_si256(v);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
   const __m256i top = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
   const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  return _mm256_blendv_epi8(top, _mm256_set1_epi32(0x7FC0), nan);
+  return _mm256_blendv_epi8(top, _mm256_set1_epi32(nan_bits), nan);
 }
 
-template <typename T> ROWS_AVX2 inline __m256 round8(__m256 v);
-template <> ROWS_AVX2 inline __m256 round8<float>(__m256 v) { return v; }
-template <> ROWS_AVX2 inline __m256 round8<at::BFloat16>(__m256 v) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits8(v), 16));
+template <typename T> ROWS_AVX2 inline __m256 round8(__m256 v, int nan_bits = C10_NAN);
+template <> ROWS_AVX2 inline __m256 round8<float>(__m256 v, int) { return v; }
+template <> ROWS_AVX2 inline __m256 round8<at::BFloat16>(__m256 v, int nan_bits) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits8(v, nan_bits), 16));
 }
 
-template <typename T> ROWS_AVX2 inline void store8(T* p, __m256 v);
-template <> ROWS_AVX2 inline void store8<float>(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
-template <> ROWS_AVX2 inline void store8<at::BFloat16>(at::BFloat16* p, __m256 v) {
-  const __m256i top = bf16_bits8(v);  // 8 dwords < 2^16: pack, then the two 64-bit halves together
+template <typename T> ROWS_AVX2 inline void store8(T* p, __m256 v, int nan_bits = C10_NAN);
+template <> ROWS_AVX2 inline void store8<float>(float* p, __m256 v, int) { _mm256_storeu_ps(p, v); }
+template <> ROWS_AVX2 inline void store8<at::BFloat16>(at::BFloat16* p, __m256 v, int nan_bits) {
+  const __m256i top = bf16_bits8(v, nan_bits);  // 8 dwords < 2^16: pack, then the two 64-bit halves together
   const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(top, top), 0x08);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
 }
