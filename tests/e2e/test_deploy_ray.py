@@ -184,9 +184,10 @@ def started_after(pid: int, since_uptime_s: float) -> bool:
 
 
 def alive(pid: int) -> bool:
+    """Whether `pid` runs: a zombie (exited, not yet reaped) does not, nor one that is gone by the time its
+    /proc entry is read (it can exit between the two looks)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
         return False
-    with open(f"/proc/{pid}/stat") as stat:  # a zombie (exited, not yet reaped) is not alive
-        return stat.read().split()[2] != "Z"
