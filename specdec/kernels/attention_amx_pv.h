@@ -11,9 +11,10 @@ namespace specdec_attention_amx {
 // an exp below -87, has p = 0 and adds nothing in attention.cpp's vector path too), packed in key order
 // and rounded to bf16. Ordinals [32b, 32b + 32) make block b, zero-padded after the last; its result then
 // depends on the pair's own (p, value) sequence alone: the same in a many-row call, a one-row call, and
-// one over exactly the keys the mask leaves. Blocks where ordinal = key (before the pair's first p = 0)
-// share one value tile among the unit's pairs (values re-laid into key pairs once per kv group); the
-// pair's later blocks (a causal or tree tail) gather their value rows by ordinal.
+// one over exactly the keys the mask leaves. Blocks where ordinal = key (before the pair's first p = 0, or
+// every block, the last partial one too, where no p != 0 follows it: a decode row, a causal chain) share one
+// value tile among the unit's pairs (values re-laid into key pairs once per kv group); a pair's blocks
+// from its first p = 0 on (a tree's hidden siblings) gather their value rows by ordinal.
 // A thread's buffer of at least `elems` (kept from call to call: a fresh one of this size is mmapped and
 // page-faulted each time; what it holds is valid only within one call, see PvScratch::relay_g).
 inline uint16_t* relay_buffer(int64_t elems) {
@@ -50,28 +51,39 @@ struct PvScratch {
 
 // Pair p's probabilities exp(score - top) of its visible keys (attention.cpp's exp, lane by lane), packed
 // (p != 0 only, bf16, zero to a whole block) with their keys; its count of ordinals, of leading ones in
-// blocks where ordinal = key, and their sum (four chains of 16 by ordinal).
+// blocks where ordinal = key, and their sum (four chains of 16 by ordinal). Keys are kept only from the
+// last whole block before the first p = 0 on (w.shared[p]): before it an ordinal is its key. A pair with
+// no p != 0 after its first p = 0 (a decode row; a causal row, mask or not) has ordinal = key for every
+// p != 0 and shares every block, its last partial one too (its ordinals past `count` hold p = 0, so the
+// values there add exactly nothing).
 SPECDEC_AMX inline void pv_pack(const float* scores, int64_t visible, __m512 top, PvScratch& w, int64_t p) {
   uint16_t* pb = w.pb.get() + p * w.ostride;
   int32_t* idx = w.idx.get() + p * w.ostride;
-  int64_t count = 0, run = visible;
-  for (int64_t j = 0; j < visible; j += 16) {
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  int64_t j = 0;
+  for (; j + 16 <= visible; j += 16) {  // whole blocks while every p is nonzero (p = 0 iff below e^-87)
+    __mmask16 tiny;
+    const __m512 v = specdec_attention::exp16_tiny(_mm512_sub_ps(_mm512_loadu_ps(scores + j), top), tiny);
+    if (tiny != 0) break;  // taken again below
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb + j), (__m256i)_mm512_cvtneps_pbh(v));  // to nearest even
+  }
+  int64_t count = j, run = visible;  // ordinal = key so far; no keys kept
+  for (; j < visible; j += 16) {
     const __mmask16 lanes = visible - j >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (visible - j)) - 1);
-    const __m512 sc = _mm512_mask_loadu_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), lanes, scores + j);
-    const __m512 v = specdec_attention::exp16(_mm512_sub_ps(sc, top));
-    const __mmask16 nz = _mm512_mask_cmp_ps_mask(lanes, v, _mm512_setzero_ps(), _CMP_NEQ_OQ);
-    const __m512i keys = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(j)),
-                                          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-    if (nz == 0xFFFF) {  // every p of the block nonzero (the usual case): the compress is the identity
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb + count), (__m256i)_mm512_cvtneps_pbh(v));
-      _mm512_storeu_si512(idx + count, keys);
-      count += 16;
-      continue;
+    __mmask16 tiny;
+    const __m512 sc = _mm512_mask_loadu_ps(neg_inf, lanes, scores + j);
+    const __m512 v = specdec_attention::exp16_tiny(_mm512_sub_ps(sc, top), tiny);
+    const __mmask16 nz = lanes & static_cast<__mmask16>(~tiny);
+    const __m512i keys = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(j)), iota);
+    if (run == visible && nz != lanes) {  // the first p = 0: the keys of ordinals [run / 32 * 32, j) are theirs
+      run = j + __builtin_ctz(~nz & lanes);
+      for (int64_t o = run / 32 * 32; o < j; ++o) idx[o] = static_cast<int32_t>(o);
     }
-    if (run == visible && nz != lanes) run = j + __builtin_ctz(~nz & lanes);
     // bf16 to nearest even (p is 0 or a normal float, >= e^-87)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb + count), (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_compress_ps(nz, v)));
-    _mm512_storeu_si512(idx + count, _mm512_maskz_compress_epi32(nz, keys));
+    const __m256i rounded = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_compress_ps(nz, v));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb + count), rounded);
+    if (run < visible) _mm512_storeu_si512(idx + count, _mm512_maskz_compress_epi32(nz, keys));
     count += __builtin_popcount(nz);
   }
   const int64_t padded = (count + 63) / 64 * 64;  // ostride holds it: the keys rounded up to 32, + 32
@@ -81,29 +93,43 @@ SPECDEC_AMX inline void pv_pack(const float* scores, int64_t visible, __m512 top
     for (int k = 0; k < 4; ++k)
       sum[k] = _mm512_add_ps(sum[k], specdec_attention::load16(reinterpret_cast<const at::BFloat16*>(pb + o + 16 * k)));
   const __m512 total = _mm512_add_ps(_mm512_add_ps(sum[0], sum[1]), _mm512_add_ps(sum[2], sum[3]));
-  w.count[p] = count, w.shared[p] = run / 32 * 32, w.sums[p] = _mm512_reduce_add_ps(total);
+  w.count[p] = count, w.sums[p] = _mm512_reduce_add_ps(total);
+  w.shared[p] = count == run ? (count + 31) / 32 * 32 : run / 32 * 32;  // no p != 0 after a p = 0: all blocks
 }
 
-// Value rows r0 and r1 (null: zeros) of d dims into key pairs: out[32c + 2e + h] = row h's dim 16c + e,
-// the layout a right-hand tile wants (16 rows of key pairs x 16 dims per 64 bytes).
+// Value rows r0 and r1 (null: zeros) of d dims into key pairs, 32 dims a step, in the order VPUNPCK{L,H}WD
+// interleave two rows within 128-bit lanes (one shuffle each, where an interleave in dim order took three):
+// out[64s + 32h + 2c + r] = row r's dim 32s + 4h + DIM(c), DIM(c) = 8 (c / 4) + c % 4. A right-hand tile's 16
+// columns (64 bytes) are thus 16 dims of one step in that order, and the products' columns with them: every
+// column is summed alone, so the order moves results, never changes them; pv_dims_in_order puts them back.
 SPECDEC_AMX inline __attribute__((always_inline)) void pv_pair_rows(const at::BFloat16* r0, const at::BFloat16* r1,
                                                                    int64_t d, uint16_t* out) {
-  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
-                                      37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
   for (int64_t x = 0; x < d; x += 32) {
     const __m512i a = r0 != nullptr ? _mm512_loadu_si512(r0 + x) : _mm512_setzero_si512();
     const __m512i b = r1 != nullptr ? _mm512_loadu_si512(r1 + x) : _mm512_setzero_si512();
-    _mm512_storeu_si512(out + 2 * x, _mm512_permutex2var_epi16(a, lo, b));
-    _mm512_storeu_si512(out + 2 * x + 32, _mm512_permutex2var_epi16(a, hi, b));
+    _mm512_storeu_si512(out + 2 * x, _mm512_unpacklo_epi16(a, b));
+    _mm512_storeu_si512(out + 2 * x + 32, _mm512_unpackhi_epi16(a, b));
   }
 }
 
-// Value rows [o, o + 32), dims [16 c0, 16 (c0 + nc)), into key pairs at vb ([16, 32 nc]).
-SPECDEC_AMX inline void pv_relay(const at::BFloat16* values, int64_t v_row, int64_t o, int64_t c0, int64_t nc,
-                                 uint16_t* vb) {
-  for (int64_t e = 0; e < 32; e += 2)
-    pv_pair_rows(values + (o + e) * v_row + 16 * c0, values + (o + e + 1) * v_row + 16 * c0, 16 * nc, vb + e * 16 * nc);
+// A pair's accumulators [d] from pv_pair_rows's column order back into dim order, 32 dims a step: the low
+// tile's 128-bit lanes hold dims 8L..8L+3, the high one's 8L+4..8L+7.
+SPECDEC_AMX inline void pv_dims_in_order(float* acc, int64_t d) {
+  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(8));
+  for (int64_t x = 0; x < d; x += 32) {
+    const __m512 lo = _mm512_loadu_ps(acc + x), hi = _mm512_loadu_ps(acc + x + 16);
+    _mm512_storeu_ps(acc + x, _mm512_permutex2var_ps(lo, first, hi));
+    _mm512_storeu_ps(acc + x + 16, _mm512_permutex2var_ps(lo, second, hi));
+  }
+}
+
+// Value rows [o, o + 32) (those at or past `rows`, the cache's end: zeros), dims [16 c0, 16 (c0 + nc)),
+// into key pairs at vb ([16, 32 nc]).
+SPECDEC_AMX inline void pv_relay(const at::BFloat16* values, int64_t v_row, int64_t rows, int64_t o, int64_t c0,
+                                 int64_t nc, uint16_t* vb) {
+  const auto row = [&](int64_t k) { return k < rows ? values + k * v_row + 16 * c0 : nullptr; };
+  for (int64_t e = 0; e < 32; e += 2) pv_pair_rows(row(o + e), row(o + e + 1), 16 * nc, vb + e * 16 * nc);
 }
 
 // Tiles for the shared blocks: 0-3 outputs [pairs, 16 dims] each, 4 probabilities [pairs, 32 ordinals],
@@ -130,6 +156,8 @@ SPECDEC_AMX inline void amx_weigh(const Call<at::BFloat16>& c, const Unit& u, Pv
   const at::BFloat16* values = c.values() + u.b * c.v_b + u.g * c.v_g;
   // a kv group's blocks re-laid by this thread's last unit (of this call) are already in w.relay
   const int64_t ready = w.keep && w.relay_b == u.b && w.relay_g == u.g ? w.relaid : 0;
+  int64_t all_share = shared;  // blocks before it: every pair's
+  for (int64_t p = 0; p < pairs; ++p) all_share = std::min(all_share, w.shared[p]);
   const auto block = [&](int64_t o, int64_t c0) { return w.block(o, c0, d); };
   pv_configure(pairs);
   for (int64_t c0 = 0; c0 < chunks; c0 += 4) {  // 64 dims a pass: four output tiles
@@ -140,13 +168,11 @@ SPECDEC_AMX inline void amx_weigh(const Call<at::BFloat16>& c, const Unit& u, Pv
     _tile_zero(3);
     // A block's 32 value rows (this pass's dims, in key pairs) are re-laid one block ahead: a tile load of
     // just-stored bytes waits for the stores, the products do not.
-    if (shared > 0 && ready == 0) pv_relay(values, c.v_row, 0, c0, nc, block(0, c0));
+    if (shared > 0 && ready == 0) pv_relay(values, c.v_row, c.L, 0, c0, nc, block(0, c0));
     for (int64_t o = 0; o < shared; o += 32) {
       const uint16_t* a = w.pb.get() + o;
       int64_t a_stride = w.ostride * 2;
-      bool all = true;
-      for (int64_t p = 0; p < pairs; ++p) all = all && w.shared[p] >= o + 32;
-      if (!all) {  // pairs whose shared blocks ended add zeros here (their own blocks come below)
+      if (o + 32 > all_share) {  // pairs whose shared blocks ended add zeros here (their own blocks come below)
         for (int64_t p = 0; p < pairs; ++p)
           if (w.shared[p] >= o + 32) std::memcpy(w.atile.get() + 32 * p, a + p * w.ostride, 64);
           else std::memset(w.atile.get() + 32 * p, 0, 64);
@@ -159,7 +185,7 @@ SPECDEC_AMX inline void amx_weigh(const Call<at::BFloat16>& c, const Unit& u, Pv
       if (nc > 1) { _tile_loadd(6, vb + 32, 64 * nc); _tile_dpbf16ps(1, 4, 6); }
       if (nc > 2) { _tile_loadd(5, vb + 64, 64 * nc); _tile_dpbf16ps(2, 4, 5); }
       if (nc > 3) { _tile_loadd(6, vb + 96, 64 * nc); _tile_dpbf16ps(3, 4, 6); }
-      if (o + 32 < shared && o + 32 >= ready) pv_relay(values, c.v_row, o + 32, c0, nc, block(o + 32, c0));
+      if (o + 32 < shared && o + 32 >= ready) pv_relay(values, c.v_row, c.L, o + 32, c0, nc, block(o + 32, c0));
     }
     float* out = acc + 16 * c0;
     _tile_stored(0, out, 4 * d);
@@ -190,6 +216,7 @@ SPECDEC_AMX inline void amx_weigh(const Call<at::BFloat16>& c, const Unit& u, Pv
       }
     }
   }
+  for (int64_t p = 0; p < pairs; ++p) pv_dims_in_order(acc + p * d, d);
 }
 
 
