@@ -146,14 +146,28 @@ AVX512 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t s
   }
   if constexpr (std::is_same<T, at::BFloat16>::value) {
     // AMX: up to four blocks of 16 keys on tiles at once (independent products in flight), then each
-    // block's scores transposed to pairs and taken
+    // block's scores transposed to pairs and taken; blocks before `plain` (every pair sees all their keys,
+    // no mask reaches them: most of a verify's) without take_scores's tests, to the same bits
+    int64_t plain = most;
+    for (int64_t p = 0; p < pairs; ++p)
+      plain = std::min(plain, c.mask != nullptr ? std::min(w.visible[p], w.mask_from[p]) : w.visible[p]);
+    const __m512 scale = _mm512_set1_ps(c.scale);
     for (int64_t j = 0; amx && j < most; j += 64) {
       float* const st = reinterpret_cast<float*>(w.st.data());
       amx_scores64(keys + j * c.k_row, c.k_row, most - j, d, pairs, w.qt.data(), w.kpad.data(), st);
       for (int64_t b = 0; b < 4 && j + 16 * b < most; ++b) {
         __m512 s[16];
         amx_block_scores(st + 256 * b, pairs, s);
-        for (int64_t p = 0; p < pairs; ++p) take_scores<T>(c, u, w, stride, j + 16 * b, p, s[p]);
+        const int64_t jb = j + 16 * b;
+        if (jb + 16 <= plain) {
+          for (int64_t p = 0; p < pairs; ++p) {
+            const __m512 sc = _mm512_mul_ps(s[p], scale);
+            _mm512_storeu_ps(w.probs.data() + p * stride + jb, sc);
+            top16[p] = _mm512_max_ps(top16[p], sc);
+          }
+          continue;
+        }
+        for (int64_t p = 0; p < pairs; ++p) take_scores<T>(c, u, w, stride, jb, p, s[p]);
       }
     }
   }
