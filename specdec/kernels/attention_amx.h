@@ -55,6 +55,11 @@ inline void amx_queries(const Call<at::BFloat16>& c, const Unit& u, uint32_t* qt
   }
 }
 
+// Floats a stored row of scores takes: packed (`pairs`) up to PACKED_PAIRS pairs (amx_block_scores picks the
+// columns out), else 16 (transposed).
+constexpr int64_t PACKED_PAIRS = 4;
+inline int64_t amx_score_row(int64_t pairs) { return pairs <= PACKED_PAIRS ? pairs : 16; }
+
 // Whether a unit's queries stay in tiles 6 and 7 (d <= 64: at most two 32-dim steps).
 inline bool amx_resident(int64_t d) { return d <= 64; }
 
@@ -73,9 +78,10 @@ SPECDEC_AMX inline void amx_load_queries(const uint32_t* qt, int64_t d, int64_t 
     _tile_dpbf16ps(B, KT, QT);                                                   \
   }
 
-// st[256 b + 16 e + p] = pair p's score of key e of block b, for blocks b < ceil(count / 16) <= 4 of 16 keys
-// from `keys` (count keys in all; a last block's lanes past them score 0). Each score is one tile element
-// from zero over the steps in dim order, whatever the block count: the same bits a block alone gets.
+// st[256 b + (row_floats e) + p] = pair p's score of key e of block b (row_floats: amx_score_row's), for blocks
+// b < ceil(count / 16) <= 4 of 16 keys from `keys` (count keys in all; a last block's lanes past them score 0).
+// Each score is one tile element from zero over the steps in dim order, whatever the block count: the same
+// bits a block alone gets.
 SPECDEC_AMX inline void amx_scores64(const at::BFloat16* keys, int64_t k_row, int64_t count, int64_t d,
                                      int64_t pairs, const uint32_t* qt, uint16_t* kpad, float* st) {
   const int blocks = static_cast<int>(std::min<int64_t>(4, (count + 15) / 16));
@@ -106,15 +112,32 @@ SPECDEC_AMX inline void amx_scores64(const at::BFloat16* keys, int64_t k_row, in
       SPECDEC_AMX_STEP(0, 4, 7) SPECDEC_AMX_STEP(1, 5, 7) SPECDEC_AMX_STEP(2, 4, 7) SPECDEC_AMX_STEP(3, 5, 7)
     }
   }
-  _tile_stored(0, st, 64);
-  if (blocks > 1) _tile_stored(1, st + 256, 64);
-  if (blocks > 2) _tile_stored(2, st + 512, 64);
-  if (blocks > 3) _tile_stored(3, st + 768, 64);
+  const int64_t row_bytes = 4 * amx_score_row(pairs);
+  _tile_stored(0, st, row_bytes);
+  if (blocks > 1) _tile_stored(1, st + 256, row_bytes);
+  if (blocks > 2) _tile_stored(2, st + 512, row_bytes);
+  if (blocks > 3) _tile_stored(3, st + 768, row_bytes);
 }
 #undef SPECDEC_AMX_STEP
 
-// s[p] lane e = pair p's score of key e of the block stored at st by amx_scores64.
+// s[p] lane e = pair p's score of key e of the block stored at st by amx_scores64. Up to 4 pairs (a one-row
+// call of SmolLM2's 3 heads a kv group) the block is stored packed, [16 keys, pairs], and each pair's column
+// is picked out of its `pairs` vectors by two permutes and a blend: a 16 x 16 transpose for 3 columns took
+// 64 shuffles a block, a fifth of a one-row unit's time. More pairs: 16 floats a row, transposed.
 SPECDEC_AMX inline void amx_block_scores(const float* st, int64_t pairs, __m512* s) {
+  if (pairs <= PACKED_PAIRS) {
+    __m512 v[PACKED_PAIRS];
+    for (int64_t i = 0; i < PACKED_PAIRS; ++i) v[i] = i < pairs ? _mm512_load_ps(st + 16 * i) : _mm512_setzero_ps();
+    const __m512i keys = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(static_cast<int>(pairs)));
+    for (int64_t p = 0; p < pairs; ++p) {
+      const __m512i from = _mm512_add_epi32(keys, _mm512_set1_epi32(static_cast<int>(p)));  // e pairs + p
+      const __m512 low = _mm512_permutex2var_ps(v[0], from, v[1]);  // from < 32 (the index's low 5 bits)
+      const __m512 high = _mm512_permutex2var_ps(v[2], from, v[3]);  // from - 32 (the same bits)
+      s[p] = _mm512_mask_blend_ps(_mm512_cmpge_epi32_mask(from, _mm512_set1_epi32(32)), low, high);
+    }
+    return;
+  }
   __m512 r[16];
   for (int e = 0; e < 16; ++e) r[e] = _mm512_load_ps(st + 16 * e);
   specdec_attention::transpose16(r);
