@@ -19,7 +19,6 @@ every row. Both trees' logits of one forward of the most rows are compared bit f
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import statistics
 import sys
 import time
@@ -70,28 +69,10 @@ def one_pair(args: argparse.Namespace) -> tuple[list[dict], list[dict], bool]:
     """Each tree's turns ({rows: median seconds} per turn) for one pair of workers, and whether logits matched."""
     import torch
 
-    context = mp.get_context("spawn")
-    pipes, procs = [], []
-    for tree in args.trees:
-        mine, theirs = context.Pipe()
-        proc = context.Process(target=worker, args=(tree, theirs, args))
-        proc.start()
-        pipes.append(mine)
-        procs.append(proc)
-    try:
-        first = [pipe.recv() for pipe in pipes]
-        same = torch.equal(first[0], first[1])
-        turns: tuple[list[dict], list[dict]] = ([], [])
-        for turn in range(args.turns):
-            for i in ((0, 1) if turn % 2 else (1, 0)):
-                pipes[i].send(True)
-                turns[i].append(pipes[i].recv())
-    finally:
-        for pipe in pipes:
-            pipe.send(False)
-        for proc in procs:
-            proc.join(timeout=60)
-    return turns[0], turns[1], same
+    from ab_turns import take_turns
+
+    first, turns = take_turns(worker, args, args.turns)
+    return turns[0], turns[1], torch.equal(first[0], first[1])
 
 
 def summary(turns: list[dict], rows: list[int]) -> dict[int, tuple[float, float]]:
@@ -121,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--context, --forwards, --turns, --pairs and every --rows must be >= 1, --warmup >= 0")
     args.rows = sorted(set(args.rows))
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # the workers find this module by name
+    from ab_turns import bits_verdict
     from specdec.bench.machine import machine_info
 
     info = machine_info()
@@ -134,10 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| rows | A ms | B ms | B / A | A rows / {base} | B rows / {base} |\n|---|---|---|---|---|---|")
     for r in args.rows:
         print(f"| {r} | {a[r][0]:.2f} | {b[r][0]:.2f} | {b[r][0] / a[r][0]:.3f} | {a[r][1]:.3f} | {b[r][1]:.3f} |")
-    if not all(same for _, _, same in results) and not args.allow_different:
-        print("forward_ab: A and B gave different logits", file=sys.stderr)
-        return 1
-    return 0
+    return bits_verdict([same for _, _, same in results], args.allow_different,
+                        "forward_ab: A and B gave different logits")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ its numbers; where it should, say so with --allow-different).
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import statistics
 import sys
 import time
@@ -62,31 +61,16 @@ def one_pair(args: argparse.Namespace) -> tuple[float, float, bool]:
     """(A's median us per call, B's, whether every output matched bit for bit) for one pair of workers."""
     import torch
 
-    context = mp.get_context("spawn")
-    pipes, procs = [], []
-    for tree in args.trees:
-        mine, theirs = context.Pipe()
-        proc = context.Process(target=worker, args=(tree, theirs, args))
-        proc.start()
-        pipes.append(mine)
-        procs.append(proc)
-    try:
-        outputs = [pipe.recv() for pipe in pipes]
+    from ab_turns import take_turns
+
+    def built(outputs: list) -> None:
         if any(out is None for out in outputs):
             raise SystemExit("kernel_ab: a tree's extension did not build here")
-        same = all(torch.equal(a.view(torch.int16 if a.dtype == torch.bfloat16 else torch.int32),
-                               b.view(torch.int16 if b.dtype == torch.bfloat16 else torch.int32))
-                   for a, b in zip(*outputs))
-        times: tuple[list[float], list[float]] = ([], [])
-        for turn in range(args.turns):
-            for i in ((0, 1) if turn % 2 else (1, 0)):
-                pipes[i].send(True)
-                times[i].append(pipes[i].recv())
-    finally:
-        for pipe in pipes:
-            pipe.send(False)
-        for proc in procs:
-            proc.join(timeout=30)
+
+    outputs, times = take_turns(worker, args, args.turns, check=built, join_timeout_s=30)
+    same = all(torch.equal(a.view(torch.int16 if a.dtype == torch.bfloat16 else torch.int32),
+                           b.view(torch.int16 if b.dtype == torch.bfloat16 else torch.int32))
+               for a, b in zip(*outputs))
     return 1e6 * statistics.median(times[0]), 1e6 * statistics.median(times[1]), same
 
 
@@ -105,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow-different", action="store_true", help="B may change the outputs' bits")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # the workers find this module by name
+    from ab_turns import bits_verdict
     from specdec.bench.machine import machine_info
 
     info = machine_info()
@@ -116,10 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  A {a:.2f} us  B {b:.2f} us  B/A {ratio:.3f}")
     print(f"B/A median of {len(ratios)} pairs: {statistics.median(ratios):.3f} "
           f"(pairs {min(ratios):.3f}-{max(ratios):.3f})")
-    if not all(same for _, _, same in results) and not args.allow_different:
-        print("kernel_ab: A and B gave different bits", file=sys.stderr)
-        return 1
-    return 0
+    return bits_verdict([same for _, _, same in results], args.allow_different,
+                        "kernel_ab: A and B gave different bits")
 
 
 if __name__ == "__main__":

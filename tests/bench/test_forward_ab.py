@@ -30,3 +30,12 @@ def test_bad_counts_are_refused(capsys):
     with pytest.raises(SystemExit) as exc:
         forward_ab.main(["--trees", ROOT, ROOT, "--turns", "0"])
     assert exc.value.code == 2 and "--turns" in capsys.readouterr().err
+
+
+def test_different_bits_fail_the_run_unless_allowed(capsys):
+    ab_turns = import_benchmark("ab_turns")
+    assert ab_turns.bits_verdict([True, True], False, "differ") == 0
+    assert ab_turns.bits_verdict([True, False], True, "differ") == 0
+    assert capsys.readouterr().err == ""
+    assert ab_turns.bits_verdict([True, False], False, "forward_ab: A and B gave different logits") == 1
+    assert "different logits" in capsys.readouterr().err
