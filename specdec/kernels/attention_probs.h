@@ -54,6 +54,25 @@ AVX512 inline void take_scores(const Call<T>& c, const Unit& u, Scratch& w, int6
   top16[p] = _mm512_mask_max_ps(top16[p], lanes, top16[p], sc);
 }
 
+// Pairs [p0, p0 + n)'s raw scores s[0..n) of keys [j, j + 16), taken as take_scores takes them. A block before
+// `plain` (unit_probs's: every pair of the unit sees all its keys and no mask reaches it, most of a verify's
+// blocks) is scaled, stored and maxed without take_scores's per-pair tests, to the same bits.
+template <typename T>
+AVX512 inline void take_block_scores(const Call<T>& c, const Unit& u, Scratch& w, int64_t stride, int64_t j,
+                                     int64_t p0, int64_t n, const __m512* s, int64_t plain) {
+  if (j + 16 > plain) {
+    for (int64_t g = 0; g < n; ++g) take_scores<T>(c, u, w, stride, j, p0 + g, s[g]);
+    return;
+  }
+  const __m512 scale = _mm512_set1_ps(c.scale);
+  __m512* const top16 = w.top16.data();
+  for (int64_t g = 0; g < n; ++g) {
+    const __m512 sc = _mm512_mul_ps(s[g], scale);
+    _mm512_storeu_ps(w.probs.data() + (p0 + g) * stride + j, sc);
+    top16[p0 + g] = _mm512_max_ps(top16[p0 + g], sc);
+  }
+}
+
 // How many of a mask row's L entries (m_j apart) lead with 0 (+0 or -0): where the row's mask may first
 // matter. A verify's rows see all their cached keys, so for them this is most of the row.
 AVX512 inline int64_t zeros_from_start(const float* m, int64_t m_j, int64_t L) {
@@ -86,7 +105,7 @@ AVX512 inline __m512 add_by_ordinal(__m512 total, __m512 e, __mmask16 nz, int64_
 // bf16 with AVX512-BF16 and d a multiple of 32: every pair's raw scores of keys [0, most) by dot-pairs
 // (attention_simd.h), taken as the widened path takes its own; w.qf holds each pair's query as bf16 pairs.
 SPECDEC_AVX512_BF16 void unit_pair_scores(const Call<at::BFloat16>& c, const Unit& u, Scratch& w, int64_t stride,
-                                          int64_t most, const at::BFloat16* keys) {
+                                          int64_t most, int64_t plain, const at::BFloat16* keys) {
   const int64_t pairs = u.rows * u.heads, d = c.d;
   __m512* const kt = w.kt.data();
   for (int64_t j = 0; j < most; j += 16) {  // 16 keys read (and transposed) once, scored for every pair
@@ -103,7 +122,8 @@ SPECDEC_AVX512_BF16 void unit_pair_scores(const Call<at::BFloat16>& c, const Uni
         case 5: scores16_pairs<5>(q, d, kt, d / 2, s); break;
         default: scores16_pairs<6>(q, d, kt, d / 2, s); break;
       }
-      for (int64_t g = 0; g < group; ++g, ++p) take_scores<at::BFloat16>(c, u, w, stride, j, p, s[g]);
+      take_block_scores<at::BFloat16>(c, u, w, stride, j, p, group, s, plain);
+      p += group;
     }
   }
 }
@@ -137,6 +157,9 @@ AVX512 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t s
     top16[p] = _mm512_set1_ps(NEG_INF);
     most = std::max(most, w.visible[p]);
   }
+  int64_t plain = most;  // keys before it: seen by every pair, reached by no mask (take_block_scores)
+  for (int64_t p = 0; p < pairs; ++p)
+    plain = std::min(plain, c.mask != nullptr ? std::min(w.visible[p], w.mask_from[p]) : w.visible[p]);
   if constexpr (std::is_same<T, at::BFloat16>::value) {
     if (amx) {
       amx_queries(c, u, w.qt.data());
@@ -146,33 +169,19 @@ AVX512 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t s
   }
   if constexpr (std::is_same<T, at::BFloat16>::value) {
     // AMX: up to four blocks of 16 keys on tiles at once (independent products in flight), then each
-    // block's scores transposed to pairs and taken; blocks before `plain` (every pair sees all their keys,
-    // no mask reaches them: most of a verify's) without take_scores's tests, to the same bits
-    int64_t plain = most;
-    for (int64_t p = 0; p < pairs; ++p)
-      plain = std::min(plain, c.mask != nullptr ? std::min(w.visible[p], w.mask_from[p]) : w.visible[p]);
-    const __m512 scale = _mm512_set1_ps(c.scale);
+    // block's scores transposed to pairs and taken
     for (int64_t j = 0; amx && j < most; j += 64) {
       float* const st = reinterpret_cast<float*>(w.st.data());
       amx_scores64(keys + j * c.k_row, c.k_row, most - j, d, pairs, w.qt.data(), w.kpad.data(), st);
       for (int64_t b = 0; b < 4 && j + 16 * b < most; ++b) {
         __m512 s[16];
         amx_block_scores(st + 256 * b, pairs, s);
-        const int64_t jb = j + 16 * b;
-        if (jb + 16 <= plain) {
-          for (int64_t p = 0; p < pairs; ++p) {
-            const __m512 sc = _mm512_mul_ps(s[p], scale);
-            _mm512_storeu_ps(w.probs.data() + p * stride + jb, sc);
-            top16[p] = _mm512_max_ps(top16[p], sc);
-          }
-          continue;
-        }
-        for (int64_t p = 0; p < pairs; ++p) take_scores<T>(c, u, w, stride, jb, p, s[p]);
+        take_block_scores<T>(c, u, w, stride, j + 16 * b, 0, pairs, s, plain);
       }
     }
   }
   if constexpr (std::is_same<T, at::BFloat16>::value) {
-    if (dot_pairs) unit_pair_scores(c, u, w, stride, most, keys);
+    if (dot_pairs) unit_pair_scores(c, u, w, stride, most, plain, keys);
   }
   for (int64_t j = 0; !amx && !dot_pairs && j < most; j += 16) {  // 16 keys read (and transposed) once, scored for every pair
     const int64_t count = std::min<int64_t>(16, most - j);
@@ -189,7 +198,8 @@ AVX512 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t s
         case 5: scores16<5>(q, d, kt, d, s); break;
         default: scores16<6>(q, d, kt, d, s); break;
       }
-      for (int64_t g = 0; g < group; ++g, ++p) take_scores<T>(c, u, w, stride, j, p, s[g]);
+      take_block_scores<T>(c, u, w, stride, j, p, group, s, plain);
+      p += group;
     }
   }
   for (int64_t p = 0; p < pairs; ++p) {
