@@ -73,6 +73,25 @@ AVX512 inline void take_block_scores(const Call<T>& c, const Unit& u, Scratch& w
   }
 }
 
+// AMX, more than PACKED_PAIRS pairs, a block before `plain`: the block's scores as amx_scores64 stored them
+// (st: 16 keys' rows, lane p = pair p) scaled and maxed row by row (lane p's running max over the unit's plain
+// blocks into `rows_max`, key rows in lanes: no per-pair load and store of top16), then transposed to pairs and
+// stored. The same bits as take_block_scores: each product is the one it takes, and a max is exact whatever
+// the order it meets its values in (unit_probs folds rows_max into top16 before reducing it).
+template <typename T>
+AVX512 inline void take_plain_rows(const Call<T>& c, Scratch& w, int64_t stride, int64_t j, int64_t pairs,
+                                   const float* st, __m512& rows_max) {
+  const __m512 scale = _mm512_set1_ps(c.scale);
+  __m512 r[16];
+  for (int e = 0; e < 16; ++e) {
+    r[e] = _mm512_mul_ps(_mm512_load_ps(st + 16 * e), scale);
+    rows_max = _mm512_max_ps(rows_max, r[e]);
+  }
+  transpose16(r);
+  float* const probs = w.probs.data() + j;
+  for (int64_t p = 0; p < pairs; ++p) _mm512_storeu_ps(probs + p * stride, r[p]);
+}
+
 // How many of a mask row's L entries (m_j apart) lead with 0 (+0 or -0): where the row's mask may first
 // matter. A verify's rows see all their cached keys, so for them this is most of the row.
 AVX512 inline int64_t zeros_from_start(const float* m, int64_t m_j, int64_t L) {
@@ -170,14 +189,25 @@ AVX512 int64_t unit_probs(const Call<T>& c, const Unit& u, Scratch& w, int64_t s
   if constexpr (std::is_same<T, at::BFloat16>::value) {
     // AMX: up to four blocks of 16 keys on tiles at once (independent products in flight), then each
     // block's scores transposed to pairs and taken
+    const bool by_rows = pairs > specdec_attention_amx::PACKED_PAIRS;  // scores stored 16 floats a key
+    __m512 rows_max = _mm512_set1_ps(NEG_INF);
     for (int64_t j = 0; amx && j < most; j += 64) {
       float* const st = reinterpret_cast<float*>(w.st.data());
       amx_scores64(keys + j * c.k_row, c.k_row, most - j, d, pairs, w.qt.data(), w.kpad.data(), st);
       for (int64_t b = 0; b < 4 && j + 16 * b < most; ++b) {
+        if (by_rows && j + 16 * b + 16 <= plain) {
+          take_plain_rows<T>(c, w, stride, j + 16 * b, pairs, st + 256 * b, rows_max);
+          continue;
+        }
         __m512 s[16];
         amx_block_scores(st + 256 * b, pairs, s);
         take_block_scores<T>(c, u, w, stride, j + 16 * b, 0, pairs, s, plain);
       }
+    }
+    if (amx && by_rows) {
+      alignas(64) float lane_max[16];
+      _mm512_store_ps(lane_max, rows_max);
+      for (int64_t p = 0; p < pairs; ++p) top16[p] = _mm512_max_ps(top16[p], _mm512_set1_ps(lane_max[p]));
     }
   }
   if constexpr (std::is_same<T, at::BFloat16>::value) {
