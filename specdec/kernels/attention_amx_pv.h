@@ -65,7 +65,7 @@ SPECDEC_AMX inline __m512 exp16_bf16(__m512 x, __mmask16& tiny) {
   return _mm512_scalef_ps(p, n);
 }
 
-// Pair p's probabilities exp(score - top) of its visible keys (attention.cpp's exp, lane by lane), packed
+// Pair p's probabilities exp(score - top) of its visible keys (exp16_bf16, lane by lane), packed
 // (p != 0 only, bf16, zero to a whole block) with their keys; its count of ordinals, of leading ones in
 // blocks where ordinal = key, and their sum (four chains of 16 by ordinal). Keys are kept only from the
 // last whole block before the first p = 0 on (w.shared[p]): before it an ordinal is its key. A pair with
