@@ -51,8 +51,8 @@ struct PvScratch {
 
 // e^x for x <= 0 to within 3e-6 (relative), for probabilities that are rounded to bf16 (2^-9) next: 2^t with
 // t = x log2(e) split into n + f, |f| <= 1/2, and 2^f by a degree-4 polynomial (fit here to the relative
-// error). Nine vector operations where exp16_tiny's float32-grade e^x takes fourteen. `tiny` gets the lanes below
-// -87 (p = 0, as in exp16_tiny; their values, and those of -inf lanes, are left to the caller).
+// error). Nine vector operations where exp16's float32-grade e^x takes fourteen. `tiny` gets the lanes below
+// -87 (p = 0, as exp16 has them); their values (NaN for -inf) are left to the caller.
 SPECDEC_AMX inline __m512 exp16_bf16(__m512 x, __mmask16& tiny) {
   tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
   const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));

@@ -34,10 +34,9 @@ SPECDEC_AVX512 inline void store_normalized(T* out, const float* acc, float sum,
   for (int64_t ch = 0; ch < chunks; ++ch) store16(out + 16 * ch, _mm512_div_ps(_mm512_loadu_ps(acc + 16 * ch), norm));
 }
 
-// e^x lane by lane (Cephes-style polynomial, ~1 ulp) where x >= -87 (or NaN: e^-87), a normal float >= e^-87;
-// `tiny` gets the lanes below -87, whose values are left to the caller (exp16: exactly 0).
-SPECDEC_AVX512 inline __m512 exp16_tiny(__m512 x, __mmask16& tiny) {
-  tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
+// e^x lane by lane (Cephes-style polynomial, ~1 ulp); exactly 0 below -87 (hidden keys, far tails).
+SPECDEC_AVX512 inline __m512 exp16(__m512 x) {
+  const __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -49,14 +48,7 @@ SPECDEC_AVX512 inline __m512 exp16_tiny(__m512 x, __mmask16& tiny) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
   p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
-}
-
-// e^x lane by lane; exactly 0 below -87 (hidden keys, far tails).
-SPECDEC_AVX512 inline __m512 exp16(__m512 x) {
-  __mmask16 tiny;
-  const __m512 e = exp16_tiny(x, tiny);
-  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~tiny), e);
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~tiny), _mm512_scalef_ps(p, n));
 }
 
 SPECDEC_AVX512 inline __m512 lo(__m512 x, __m512 y) {  // 64-bit halves interleaved, low ones
